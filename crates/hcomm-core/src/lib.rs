@@ -1,0 +1,27 @@
+//! Core types of HComm: ranks and tags, element types and reduce operators with their
+//! kernels, the error type, the wire frame header, the mailbox that matches messages
+//! to receives, and the transport traits.
+//!
+//! Users normally depend on the `hcomm` facade crate, which re-exports what they need.
+
+pub mod dtype;
+pub mod error;
+pub mod mailbox;
+pub mod op;
+pub mod transport;
+pub mod wire;
+
+pub use dtype::{DType, Element, ReduceOp};
+pub use error::{Error, ErrorKind, Result};
+pub use mailbox::{Frame, Mailbox, MatchKey};
+pub use op::{OpKind, Signature};
+pub use transport::{LocalTransport, Transport};
+pub use wire::{FrameKind, Header};
+
+/// A rank: the index of a process in a communicator (0-based).
+pub type Rank = usize;
+
+/// A point-to-point message tag, chosen by the application.
+pub type Tag = u32;
+
+pub use half::{bf16, f16};

@@ -1,0 +1,331 @@
+//! Matching of incoming frames to the operations that wait for them.
+//!
+//! Transports [`deliver`](Mailbox::deliver) complete messages (reassembled from their
+//! fragments); operations [`recv`](Mailbox::recv) by [`MatchKey`]. A message that
+//! arrives before its receive is posted waits in the mailbox ("unexpected message"); a
+//! receive posted first waits for the message. Messages with the same key are matched
+//! in arrival order, which is the sender's order on an ordered transport (MPI's
+//! non-overtaking rule).
+//!
+//! The mailbox also carries failures to every waiter they concern: a failed peer fails
+//! every receive from that peer, an aborted operation fails every receive of that
+//! operation (including receives posted later), and closing fails everything.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::wire::{FrameKind, Header};
+use crate::Rank;
+
+/// A complete message: its (first fragment's) header and the whole payload.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub header: Header,
+    pub payload: Bytes,
+}
+
+/// What a receive matches on. Point-to-point messages use `seq == 0`; collectives
+/// use their sequence number (from 1) and a tag of their own (step, chunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatchKey {
+    /// World rank of the sender.
+    pub src: Rank,
+    pub comm: u64,
+    pub seq: u64,
+    pub tag: u32,
+}
+
+impl MatchKey {
+    /// The key a frame header matches.
+    pub fn of(h: &Header) -> MatchKey {
+        MatchKey { src: h.src as Rank, comm: h.comm, seq: h.seq, tag: h.tag }
+    }
+}
+
+enum Slot {
+    Arrived(VecDeque<Frame>),
+    Waiting(VecDeque<oneshot::Sender<Result<Frame>>>),
+}
+
+#[derive(Default)]
+struct Inner {
+    slots: HashMap<MatchKey, Slot>,
+    failed_peers: HashMap<Rank, Error>,
+    aborted: HashMap<(u64, u64), Error>,
+    closed: Option<Error>,
+}
+
+/// The matching table of one rank. Shared by the transport (which delivers) and every
+/// communicator on that transport (which receive).
+pub struct Mailbox {
+    rank: Rank,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = self.inner.lock();
+        f.debug_struct("Mailbox")
+            .field("rank", &self.rank)
+            .field("slots", &i.slots.len())
+            .field("failed_peers", &i.failed_peers.keys().collect::<Vec<_>>())
+            .field("aborted", &i.aborted.len())
+            .field("closed", &i.closed.is_some())
+            .finish()
+    }
+}
+
+/// Decodes an abort frame's payload: an error-kind byte and a UTF-8 reason.
+pub fn decode_abort(payload: &[u8]) -> (ErrorKind, String) {
+    match payload.split_first() {
+        Some((k, reason)) => (ErrorKind::from_code(*k), String::from_utf8_lossy(reason).into_owned()),
+        None => (ErrorKind::Aborted, String::from("no reason given")),
+    }
+}
+
+/// Encodes an abort frame's payload.
+pub fn encode_abort(err: &Error) -> Bytes {
+    let msg = err.to_string();
+    let mut v = Vec::with_capacity(1 + msg.len());
+    v.push(err.kind() as u8);
+    v.extend_from_slice(msg.as_bytes());
+    Bytes::from(v)
+}
+
+impl Mailbox {
+    /// An empty mailbox for `rank` (used in error messages).
+    pub fn new(rank: Rank) -> Mailbox {
+        Mailbox { rank, inner: Mutex::new(Inner::default()) }
+    }
+
+    /// Hands a complete message to the mailbox. Data frames go to their receiver (or
+    /// wait for it); abort frames abort their operation; close frames mark the sender
+    /// as gone.
+    pub fn deliver(&self, frame: Frame) {
+        let h = frame.header;
+        match h.kind {
+            FrameKind::Abort => {
+                let (kind, reason) = decode_abort(&frame.payload);
+                let err = Error::new(kind, format!("aborted by rank {}: {reason}", h.src))
+                    .with_peer(h.src as Rank)
+                    .in_op(h.op, Some(h.seq));
+                self.abort_op(h.comm, h.seq, err);
+            }
+            FrameKind::Close => {
+                let err = Error::new(ErrorKind::PeerFailed, "peer closed its communicator").with_peer(h.src as Rank);
+                self.fail_peer(h.src as Rank, err);
+            }
+            FrameKind::Data => self.deliver_data(frame),
+        }
+    }
+
+    fn deliver_data(&self, mut frame: Frame) {
+        let key = MatchKey::of(&frame.header);
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        if inner.aborted.contains_key(&(key.comm, key.seq)) {
+            return;
+        }
+        if let Some(Slot::Waiting(waiters)) = inner.slots.get_mut(&key) {
+            while let Some(tx) = waiters.pop_front() {
+                match tx.send(Ok(frame)) {
+                    Ok(()) => {
+                        if waiters.is_empty() {
+                            inner.slots.remove(&key);
+                        }
+                        return;
+                    }
+                    // That receive was cancelled: offer the frame to the next one.
+                    Err(Ok(f)) => frame = f,
+                    Err(Err(_)) => unreachable!("only Ok values are sent here"),
+                }
+            }
+            inner.slots.remove(&key);
+        }
+        match inner.slots.entry(key).or_insert_with(|| Slot::Arrived(VecDeque::new())) {
+            Slot::Arrived(q) => q.push_back(frame),
+            Slot::Waiting(_) => unreachable!("waiting slots were drained above"),
+        }
+    }
+
+    /// Waits for the next message matching `key`. The wait is registered when this
+    /// function is called, not when the future is first polled, so that receives
+    /// posted in program order match in program order.
+    ///
+    /// # Errors
+    /// The peer's failure, the operation's abort, or the mailbox's closing, whichever
+    /// is known first.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes withdraws the receive: a message that
+    /// arrives later goes to the next receive with the same key, or waits for one.
+    /// A message already handed to this receive when it is dropped is lost, so cancel
+    /// only receives whose operation is abandoned.
+    pub fn recv(&self, key: MatchKey) -> impl Future<Output = Result<Frame>> + Send + 'static {
+        let rx = self.post(key);
+        let rank = self.rank;
+        async move {
+            match rx {
+                Ok(ready) => ready,
+                Err(rx) => match rx.await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank)),
+                },
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn post(&self, key: MatchKey) -> std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>> {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        if let Some(e) = inner.aborted.get(&(key.comm, key.seq)) {
+            return Ok(Err(e.clone()));
+        }
+        if let Some(Slot::Arrived(q)) = inner.slots.get_mut(&key) {
+            let f = q.pop_front().expect("arrived slots are never empty");
+            if q.is_empty() {
+                inner.slots.remove(&key);
+            }
+            return Ok(Ok(f));
+        }
+        if let Some(e) = inner.closed.as_ref().or_else(|| inner.failed_peers.get(&key.src)) {
+            return Ok(Err(e.clone()));
+        }
+        let (tx, rx) = oneshot::channel();
+        match inner.slots.entry(key).or_insert_with(|| Slot::Waiting(VecDeque::new())) {
+            Slot::Waiting(w) => {
+                w.retain(|t| !t.is_closed());
+                w.push_back(tx);
+            }
+            Slot::Arrived(_) => unreachable!("handled above"),
+        }
+        Err(rx)
+    }
+
+    /// Fails every present and future receive from `peer` with `err`, except messages
+    /// that already arrived, which stay deliverable.
+    pub fn fail_peer(&self, peer: Rank, err: Error) {
+        let mut inner = self.inner.lock();
+        if inner.failed_peers.contains_key(&peer) {
+            return;
+        }
+        inner.failed_peers.insert(peer, err.clone());
+        Self::fail_waiters(&mut inner, |k| k.src == peer, &err);
+    }
+
+    /// Aborts operation `seq` of communicator `comm`: every present and future receive
+    /// of it fails with `err`, and its unclaimed messages are dropped. Returns `false`
+    /// if it was aborted already.
+    pub fn abort_op(&self, comm: u64, seq: u64, err: Error) -> bool {
+        let mut inner = self.inner.lock();
+        if inner.aborted.contains_key(&(comm, seq)) {
+            return false;
+        }
+        inner.aborted.insert((comm, seq), err.clone());
+        inner.slots.retain(|k, s| !(k.comm == comm && k.seq == seq && matches!(s, Slot::Arrived(_))));
+        Self::fail_waiters(&mut inner, |k| k.comm == comm && k.seq == seq, &err);
+        true
+    }
+
+    /// Whether operation `seq` of `comm` was aborted, and why.
+    pub fn aborted(&self, comm: u64, seq: u64) -> Option<Error> {
+        self.inner.lock().aborted.get(&(comm, seq)).cloned()
+    }
+
+    /// The error a peer failed with, if it failed.
+    pub fn peer_failure(&self, peer: Rank) -> Option<Error> {
+        self.inner.lock().failed_peers.get(&peer).cloned()
+    }
+
+    /// Fails everything, now and later, with `err`.
+    pub fn close(&self, err: Error) {
+        let mut inner = self.inner.lock();
+        if inner.closed.is_none() {
+            inner.closed = Some(err.clone());
+        }
+        Self::fail_waiters(&mut inner, |_| true, &err);
+    }
+
+    fn fail_waiters(inner: &mut Inner, pick: impl Fn(&MatchKey) -> bool, err: &Error) {
+        inner.slots.retain(|k, slot| match slot {
+            Slot::Waiting(w) if pick(k) => {
+                for tx in w.drain(..) {
+                    let _ = tx.send(Err(err.clone()));
+                }
+                false
+            }
+            _ => true,
+        });
+    }
+
+    /// Number of keys with unclaimed messages or waiting receives (for tests and
+    /// diagnostics).
+    pub fn pending(&self) -> usize {
+        self.inner.lock().slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::{OpKind, Signature};
+
+    fn frame(src: Rank, seq: u64, tag: u32, byte: u8) -> Frame {
+        let h = Header::data(src, 1, seq, tag, &Signature::bare(OpKind::Send, 1), 1);
+        Frame { header: h, payload: Bytes::from(vec![byte]) }
+    }
+
+    fn key(src: Rank, seq: u64, tag: u32) -> MatchKey {
+        MatchKey { src, comm: 1, seq, tag }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn unexpected_then_posted_in_order() {
+        let m = Mailbox::new(0);
+        m.deliver(frame(1, 0, 5, 1));
+        m.deliver(frame(1, 0, 5, 2));
+        assert_eq!(m.recv(key(1, 0, 5)).await.unwrap().payload[0], 1);
+        assert_eq!(m.recv(key(1, 0, 5)).await.unwrap().payload[0], 2);
+        assert_eq!(m.pending(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn posted_then_delivered_skips_cancelled() {
+        let m = Mailbox::new(0);
+        let cancelled = m.recv(key(1, 0, 5));
+        let live = m.recv(key(1, 0, 5));
+        drop(cancelled);
+        m.deliver(frame(1, 0, 5, 9));
+        assert_eq!(live.await.unwrap().payload[0], 9);
+        assert_eq!(m.pending(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn failures_reach_waiters_and_later_receives() {
+        let m = Mailbox::new(0);
+        let w = m.recv(key(2, 3, 0));
+        let other = m.recv(key(1, 3, 0));
+        m.deliver(frame(2, 4, 0, 7));
+        m.fail_peer(2, Error::new(ErrorKind::PeerFailed, "gone").with_peer(2));
+        assert!(w.await.unwrap_err().is_peer_failed());
+        // Already-arrived messages stay deliverable.
+        assert_eq!(m.recv(key(2, 4, 0)).await.unwrap().payload[0], 7);
+        assert!(m.recv(key(2, 5, 0)).await.unwrap_err().is_peer_failed());
+
+        let abort = Header::control(FrameKind::Abort, OpKind::AllReduce, 1, 1, 3, 0);
+        m.deliver(Frame { header: abort, payload: encode_abort(&Error::new(ErrorKind::Mismatch, "len")) });
+        let e = other.await.unwrap_err();
+        assert!(e.is_mismatch(), "{e}");
+        assert_eq!(e.peer(), Some(1));
+        assert!(m.recv(key(1, 3, 1)).await.unwrap_err().is_mismatch());
+        // Frames of an aborted operation are dropped.
+        m.deliver(frame(1, 3, 2, 0));
+        assert_eq!(m.pending(), 0);
+    }
+}

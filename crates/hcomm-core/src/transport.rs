@@ -1,0 +1,72 @@
+//! The transport traits.
+//!
+//! A transport moves frames between the ranks of one job and delivers what arrives
+//! into its [`Mailbox`]; everything above (matching, collectives, communicators) is the
+//! same for every transport.
+//!
+//! [`LocalTransport`] is the trait to implement for transports whose futures are not
+//! `Send` (io_uring's runtime is thread-local); [`Transport`] is its `Send` variant,
+//! derived with `trait-variant`, for transports whose futures may move between threads
+//! (tokio TCP, in-process). Code generic over `LocalTransport` works with both.
+//!
+//! Buffers are owned: [`send`](LocalTransport::send) takes the payload as [`Bytes`],
+//! so that a dropped send future can never leave a transport (or a NIC) reading memory
+//! the application got back. [`send_buffer`](LocalTransport::send_buffer) is where a
+//! transport with registered memory (io_uring fixed buffers, RDMA memory regions) hands
+//! out buffers that it can send without a copy or a registration; a `Bytes` can wrap
+//! such memory through `Bytes::from_owner`.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::Result;
+use crate::mailbox::Mailbox;
+use crate::wire::Header;
+use crate::Rank;
+
+/// Moves frames between ranks. See the module documentation.
+#[trait_variant::make(Transport: Send)]
+pub trait LocalTransport {
+    /// This process's rank in the job (the world rank).
+    fn rank(&self) -> Rank;
+
+    /// Number of ranks in the job.
+    fn size(&self) -> usize;
+
+    /// Short name for logs and benchmarks: `mem`, `tcp`, `uring`.
+    fn name(&self) -> &'static str;
+
+    /// The mailbox into which this transport delivers incoming messages.
+    fn mailbox(&self) -> &Arc<Mailbox>;
+
+    /// A buffer of `len` bytes (contents unspecified) that this transport sends
+    /// cheaply. The default is ordinary heap memory.
+    fn send_buffer(&self, len: usize) -> BytesMut {
+        BytesMut::zeroed(len)
+    }
+
+    /// Sends one message to `peer`. The caller fills the header's matching and
+    /// signature fields; the transport sets the framing fields (`msg_id`, `msg_len`,
+    /// `offset`, `frag_len`) and the source rank. Messages to one peer are delivered in
+    /// the order of the calls that queued them.
+    ///
+    /// # Errors
+    /// A peer-failed error if the connection to `peer` is (or becomes) broken before
+    /// the message is handed over, and an invalid-argument error for a `peer` out of
+    /// range.
+    ///
+    /// # Cancel safety
+    /// The message is queued when this method is called. Dropping the future does not
+    /// withdraw it; it only stops waiting for the hand-over.
+    async fn send(&self, peer: Rank, header: Header, payload: Bytes) -> Result<()>;
+
+    /// Queues a message to `peer` without waiting for anything: for control frames
+    /// (aborts) sent from places that cannot wait, such as `Drop`. Failures are
+    /// reported through the mailbox like any other peer failure.
+    fn post(&self, peer: Rank, header: Header, payload: Bytes);
+
+    /// Closes every connection in an orderly way: peers see a close frame, pending
+    /// receives here fail with a closed error.
+    fn close(&self);
+}
