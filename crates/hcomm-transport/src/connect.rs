@@ -1,0 +1,215 @@
+//! Connection setup for the TCP transports: the handshake every connection starts
+//! with, and the full mesh between the ranks of a job.
+//!
+//! The handshake (32 bytes each way) carries a magic, the protocol version, a hash of
+//! the job id, the source and destination ranks and the job size. A connection that
+//! does not send a valid handshake for this job and this rank within the handshake
+//! timeout is logged and closed; the job goes on accepting the connections it expects.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{timeout, timeout_at, Instant};
+
+const HELLO_MAGIC: [u8; 4] = *b"HCMH";
+const HELLO_LEN: usize = 32;
+const KIND_HELLO: u8 = 1;
+const KIND_ACK: u8 = 2;
+
+/// Timeouts and identity for connection setup.
+#[derive(Debug, Clone)]
+pub struct MeshOptions {
+    /// Hash of the job id: connections from other jobs are refused.
+    pub job: u64,
+    /// Deadline for the whole mesh (every expected connection made and accepted).
+    pub timeout: Duration,
+    /// How long one connection may take to complete its handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for MeshOptions {
+    fn default() -> MeshOptions {
+        MeshOptions { job: 0, timeout: Duration::from_secs(60), handshake_timeout: Duration::from_secs(5) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hello {
+    kind: u8,
+    job: u64,
+    src: u32,
+    dst: u32,
+    size: u32,
+}
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&HELLO_MAGIC);
+        b[4] = hcomm_core::wire::VERSION;
+        b[5] = self.kind;
+        b[8..16].copy_from_slice(&self.job.to_le_bytes());
+        b[16..20].copy_from_slice(&self.src.to_le_bytes());
+        b[20..24].copy_from_slice(&self.dst.to_le_bytes());
+        b[24..28].copy_from_slice(&self.size.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; HELLO_LEN]) -> std::result::Result<Hello, String> {
+        if b[0..4] != HELLO_MAGIC {
+            return Err(format!("bad handshake magic {:02x?}", &b[0..4]));
+        }
+        if b[4] != hcomm_core::wire::VERSION {
+            return Err(format!("protocol version {} (this build speaks {})", b[4], hcomm_core::wire::VERSION));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut job = [0u8; 8];
+        job.copy_from_slice(&b[8..16]);
+        Ok(Hello { kind: b[5], job: u64::from_le_bytes(job), src: u32_at(16), dst: u32_at(20), size: u32_at(24) })
+    }
+}
+
+fn boot_err(rank: Rank, msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Bootstrap, msg).at_rank(rank).in_op(OpKind::Bootstrap, None)
+}
+
+fn tune(stream: &TcpStream) {
+    // Latency matters more than packet count for every message we send.
+    let _ = stream.set_nodelay(true);
+}
+
+/// Connects to `peer` at `addr`, retrying until `deadline`, and completes the
+/// handshake.
+async fn dial(rank: Rank, size: usize, peer: Rank, addr: SocketAddr, opts: &MeshOptions, deadline: Instant) -> Result<TcpStream> {
+    let mut delay = Duration::from_millis(5);
+    loop {
+        let attempt = async {
+            let mut s = TcpStream::connect(addr).await?;
+            tune(&s);
+            let hello = Hello { kind: KIND_HELLO, job: opts.job, src: rank as u32, dst: peer as u32, size: size as u32 };
+            s.write_all(&hello.encode()).await?;
+            let mut b = [0u8; HELLO_LEN];
+            timeout(opts.handshake_timeout, s.read_exact(&mut b))
+                .await
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no handshake reply"))??;
+            match Hello::decode(&b) {
+                Ok(h) if h.kind == KIND_ACK && h.src == peer as u32 && h.job == opts.job => Ok(s),
+                Ok(h) => Err(std::io::Error::other(format!("unexpected handshake reply {h:?}"))),
+                Err(e) => Err(std::io::Error::other(e)),
+            }
+        };
+        match timeout_at(deadline, attempt).await {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e)) if Instant::now() + delay < deadline => {
+                tracing::debug!(rank, peer, %addr, error = %e, "connect failed, retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+            Ok(Err(e)) => {
+                return Err(boot_err(rank, format!("could not connect to rank {peer} at {addr}")).with_peer(peer).with_source(e));
+            }
+            Err(_) => return Err(boot_err(rank, format!("timed out connecting to rank {peer} at {addr}")).with_peer(peer)),
+        }
+    }
+}
+
+/// Reads and checks the handshake of an accepted connection; answers it.
+async fn greet(rank: Rank, size: usize, mut s: TcpStream, opts: &MeshOptions) -> std::result::Result<(Rank, TcpStream), String> {
+    let mut b = [0u8; HELLO_LEN];
+    match timeout(opts.handshake_timeout, s.read_exact(&mut b)).await {
+        Err(_) => return Err(format!("no handshake within {:?}", opts.handshake_timeout)),
+        Ok(Err(e)) => return Err(format!("connection failed during handshake: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    let h = Hello::decode(&b)?;
+    if h.kind != KIND_HELLO {
+        return Err(format!("handshake of kind {} where a hello was expected", h.kind));
+    }
+    if h.job != opts.job {
+        return Err(format!("handshake for another job ({:#x})", h.job));
+    }
+    if h.dst != rank as u32 || h.size != size as u32 {
+        return Err(format!("handshake for rank {} of {} ranks, this is rank {rank} of {size}", h.dst, h.size));
+    }
+    let src = h.src as Rank;
+    if src <= rank || src >= size {
+        return Err(format!("handshake from rank {src}, which should not connect to rank {rank}"));
+    }
+    tune(&s);
+    let ack = Hello { kind: KIND_ACK, job: opts.job, src: rank as u32, dst: h.src, size: size as u32 };
+    s.write_all(&ack.encode()).await.map_err(|e| format!("could not answer handshake: {e}"))?;
+    Ok((src, s))
+}
+
+/// Builds the full mesh: this rank dials every lower rank and accepts every higher
+/// one on `listener`. Returns one stream per peer (`None` at this rank's own index).
+///
+/// # Errors
+/// A bootstrap error naming the ranks that could not be reached or never connected
+/// before the deadline.
+///
+/// # Cancel safety
+/// Dropping the future closes every connection made so far.
+pub async fn connect_mesh(
+    rank: Rank,
+    size: usize,
+    listener: TcpListener,
+    addrs: &[SocketAddr],
+    opts: &MeshOptions,
+) -> Result<Vec<Option<TcpStream>>> {
+    if addrs.len() != size || rank >= size {
+        return Err(boot_err(rank, format!("address table has {} entries for {size} ranks", addrs.len())));
+    }
+    let deadline = Instant::now() + opts.timeout;
+    let dials = futures::future::try_join_all(
+        (0..rank).map(|peer| async move { dial(rank, size, peer, addrs[peer], opts, deadline).await.map(|s| (peer, s)) }),
+    );
+    let accepts = async {
+        let mut missing: BTreeSet<Rank> = (rank + 1..size).collect();
+        let mut got = Vec::new();
+        let mut greeting = FuturesUnordered::new();
+        while !missing.is_empty() {
+            tokio::select! {
+                acc = listener.accept() => match acc {
+                    Ok((s, from)) => greeting.push(async move { (from, greet(rank, size, s, opts).await) }),
+                    Err(e) => tracing::warn!(rank, error = %e, "accept failed"),
+                },
+                Some((from, res)) = greeting.next(), if !greeting.is_empty() => match res {
+                    Ok((src, s)) if missing.remove(&src) => got.push((src, s)),
+                    Ok((src, _)) => tracing::warn!(rank, %from, src, "refused a second connection from the same rank"),
+                    Err(why) => tracing::warn!(rank, %from, "refused a connection: {why}"),
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    let list: Vec<String> = missing.iter().map(|r| r.to_string()).collect();
+                    return Err(boot_err(rank, format!("ranks {} never connected within {:?}", list.join(", "), opts.timeout)));
+                }
+            }
+        }
+        Ok(got)
+    };
+    let (dialed, accepted) = futures::try_join!(dials, accepts)?;
+    let mut out: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+    for (peer, s) in dialed.into_iter().chain(accepted) {
+        out[peer] = Some(s);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trip() {
+        let h = Hello { kind: KIND_HELLO, job: 0xfeed, src: 3, dst: 1, size: 4 };
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        let mut b = h.encode();
+        b[0] = 0;
+        assert!(Hello::decode(&b).is_err());
+    }
+}

@@ -1,0 +1,354 @@
+//! Sans-IO framing shared by the byte-stream transports (tokio TCP and io_uring TCP):
+//! a write queue that turns messages into fragments, and an assembler that turns
+//! received bytes back into messages. Neither touches a socket, so both are tested
+//! without one and both backends run the same code.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+
+use bytes::{Buf, Bytes, BytesMut};
+use hcomm_core::wire::{Header, HEADER_LEN, WireError};
+use hcomm_core::{Error, ErrorKind, Frame, Result};
+use tokio::sync::oneshot;
+
+/// Fragments up to this size are copied into the write batch; larger ones are written
+/// from the caller's buffer directly.
+const COPY_LIMIT: usize = 16 << 10;
+/// A batch is written once it holds this much.
+const BATCH_LIMIT: usize = 256 << 10;
+/// How many messages may be interleaved at once.
+const MAX_ACTIVE: usize = 8;
+/// How far into the pending queue `activate` looks for a message to start.
+const SCAN_LIMIT: usize = 64;
+/// How many partially received messages a peer may have open at once.
+const MAX_PARTIAL: usize = 1024;
+/// A reassembly buffer is preallocated up to this size and grows past it only as
+/// bytes arrive, so that a header cannot make us allocate without bound.
+const MAX_PREALLOC: u64 = 64 << 20;
+/// Bytes asked for per read when nothing larger is known to be coming.
+const READ_CHUNK: usize = 64 << 10;
+
+/// A message queued for one peer.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub header: Header,
+    pub payload: Bytes,
+    pub done: Option<oneshot::Sender<Result<()>>>,
+}
+
+#[derive(Debug)]
+struct Active {
+    header: Header,
+    payload: Bytes,
+    offset: usize,
+    done: Option<oneshot::Sender<Result<()>>>,
+}
+
+fn same_key(a: &Header, b: &Header) -> bool {
+    (a.comm, a.seq, a.tag) == (b.comm, b.seq, b.tag)
+}
+
+/// Turns queued messages into a stream of fragments. Up to [`MAX_ACTIVE`] messages are
+/// interleaved fragment by fragment, so that a small message does not wait behind a
+/// large one; a message never starts while another with the same match key is still
+/// being sent, so messages with one key arrive in the order they were queued.
+#[derive(Debug)]
+pub(crate) struct WriteQueue {
+    pending: VecDeque<Outgoing>,
+    active: VecDeque<Active>,
+    finished: Vec<oneshot::Sender<Result<()>>>,
+    next_msg_id: u64,
+    fragment: usize,
+}
+
+impl WriteQueue {
+    pub fn new(fragment: usize) -> WriteQueue {
+        WriteQueue {
+            pending: VecDeque::new(),
+            active: VecDeque::new(),
+            finished: Vec::new(),
+            next_msg_id: 0,
+            fragment: fragment.max(1),
+        }
+    }
+
+    pub fn push(&mut self, o: Outgoing) {
+        self.pending.push_back(o);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.active.is_empty()
+    }
+
+    /// Starts messages from the pending queue, skipping (but keeping in order) any
+    /// whose key is held by an active message or by an earlier skipped one.
+    fn activate(&mut self) {
+        let mut held: Vec<Header> = Vec::new();
+        let mut i = 0;
+        while self.active.len() < MAX_ACTIVE && i < self.pending.len() && i < SCAN_LIMIT {
+            let h = self.pending[i].header;
+            if self.active.iter().any(|a| same_key(&a.header, &h)) || held.iter().any(|k| same_key(k, &h)) {
+                held.push(h);
+                i += 1;
+                continue;
+            }
+            let o = self.pending.remove(i).expect("index is in range");
+            let mut header = o.header;
+            header.msg_id = self.next_msg_id;
+            header.msg_len = o.payload.len() as u64;
+            self.next_msg_id = self.next_msg_id.wrapping_add(1);
+            self.active.push_back(Active { header, payload: o.payload, offset: 0, done: o.done });
+        }
+    }
+
+    /// Appends encoded fragments to `batch` until the batch is full, the queue is
+    /// empty, or a fragment too large to copy comes up: then its header ends the batch
+    /// and its payload is returned, to be written right after the batch.
+    pub fn fill(&mut self, batch: &mut BytesMut) -> Option<Bytes> {
+        loop {
+            self.activate();
+            let mut a = self.active.pop_front()?;
+            let n = (a.payload.len() - a.offset).min(self.fragment);
+            let mut h = a.header;
+            h.offset = a.offset as u64;
+            h.frag_len = n as u32;
+            batch.extend_from_slice(&h.encode());
+            let frag = a.payload.slice(a.offset..a.offset + n);
+            a.offset += n;
+            if a.offset == a.payload.len() {
+                self.finished.extend(a.done.take());
+            } else {
+                self.active.push_back(a);
+            }
+            if n > COPY_LIMIT {
+                return Some(frag);
+            }
+            batch.extend_from_slice(&frag);
+            if batch.len() >= BATCH_LIMIT {
+                return None;
+            }
+        }
+    }
+
+    /// Everything returned by the last `fill` was written: completes the messages
+    /// whose last fragment was in it.
+    pub fn written(&mut self) {
+        for tx in self.finished.drain(..) {
+            let _ = tx.send(Ok(()));
+        }
+    }
+
+    /// The connection broke: fails every message not yet completed.
+    pub fn fail_all(&mut self, err: &Error) {
+        let txs = self
+            .finished
+            .drain(..)
+            .chain(self.active.drain(..).filter_map(|a| a.done))
+            .chain(self.pending.drain(..).filter_map(|o| o.done));
+        for tx in txs {
+            let _ = tx.send(Err(err.clone()));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Partial {
+    header: Header,
+    data: BytesMut,
+}
+
+/// Parses received bytes into complete messages, reassembling fragments. Every
+/// header is validated ([`Header::decode`]), fragments must arrive in order and fit
+/// their message, the source rank must be the connection's peer, and the number of
+/// open messages is bounded.
+#[derive(Debug)]
+pub(crate) struct Assembler {
+    buf: BytesMut,
+    partial: HashMap<u64, Partial>,
+    peer: u32,
+}
+
+fn protocol(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Protocol, msg)
+}
+
+impl Assembler {
+    pub fn new(peer: usize) -> Assembler {
+        Assembler { buf: BytesMut::with_capacity(READ_CHUNK), partial: HashMap::new(), peer: peer as u32 }
+    }
+
+    /// The buffer to read into next, with room reserved for the bytes still missing
+    /// from the frame being received (or a read's worth).
+    pub fn read_buf(&mut self) -> &mut BytesMut {
+        let need = if self.buf.len() < HEADER_LEN {
+            HEADER_LEN
+        } else {
+            match Header::decode(&self.buf) {
+                Ok(h) => HEADER_LEN + h.frag_len as usize,
+                Err(_) => HEADER_LEN,
+            }
+        };
+        let want = need.saturating_sub(self.buf.len()).max(READ_CHUNK);
+        self.buf.reserve(want);
+        &mut self.buf
+    }
+
+    /// Replaces the read buffer (for backends that take buffers by value).
+    pub fn take_buf(&mut self) -> BytesMut {
+        self.read_buf();
+        std::mem::take(&mut self.buf)
+    }
+
+    pub fn put_buf(&mut self, buf: BytesMut) {
+        self.buf = buf;
+    }
+
+    /// The next complete message in the bytes received so far.
+    ///
+    /// # Errors
+    /// A protocol error for anything that breaks the framing rules; the connection
+    /// cannot be trusted after it.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>> {
+        loop {
+            if self.buf.len() < HEADER_LEN {
+                return Ok(None);
+            }
+            let h = Header::decode(&self.buf).map_err(|e: WireError| protocol(e.to_string()))?;
+            if h.src != self.peer {
+                return Err(protocol(format!("frame claims source rank {} on the connection of rank {}", h.src, self.peer)));
+            }
+            let n = h.frag_len as usize;
+            if self.buf.len() < HEADER_LEN + n {
+                return Ok(None);
+            }
+            self.buf.advance(HEADER_LEN);
+            let frag = self.buf.split_to(n);
+            if h.offset == 0 && u64::from(h.frag_len) == h.msg_len {
+                return Ok(Some(Frame { header: h, payload: frag.freeze() }));
+            }
+            let open = self.partial.len();
+            match self.partial.entry(h.msg_id) {
+                Entry::Vacant(v) => {
+                    if h.offset != 0 {
+                        return Err(protocol(format!("message {} starts at offset {}", h.msg_id, h.offset)));
+                    }
+                    if open >= MAX_PARTIAL {
+                        return Err(protocol(format!("more than {MAX_PARTIAL} partial messages open")));
+                    }
+                    let mut data = BytesMut::with_capacity(h.msg_len.min(MAX_PREALLOC) as usize);
+                    data.extend_from_slice(&frag);
+                    v.insert(Partial { header: h, data });
+                }
+                Entry::Occupied(mut o) => {
+                    let p = o.get_mut();
+                    if p.header.msg_len != h.msg_len || p.data.len() as u64 != h.offset || !same_key(&p.header, &h) {
+                        return Err(protocol(format!(
+                            "fragment {}+{} of message {} does not continue it ({} of {} bytes received)",
+                            h.offset,
+                            h.frag_len,
+                            h.msg_id,
+                            p.data.len(),
+                            p.header.msg_len
+                        )));
+                    }
+                    p.data.extend_from_slice(&frag);
+                    if p.data.len() as u64 == p.header.msg_len {
+                        let p = o.remove();
+                        return Ok(Some(Frame { header: p.header, payload: p.data.freeze() }));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hcomm_core::{OpKind, Signature};
+    use proptest::prelude::*;
+
+    fn msg(tag: u32, len: usize, fill: u8) -> Outgoing {
+        let h = Header::data(1, 0, 0, tag, &Signature::bare(OpKind::Send, len as u64), len);
+        Outgoing { header: h, payload: Bytes::from(vec![fill; len]), done: None }
+    }
+
+    /// Runs messages through a queue and an assembler, returning (tag, payload) in
+    /// delivery order.
+    fn pump(msgs: Vec<Outgoing>, fragment: usize, read_size: usize) -> Vec<(u32, Vec<u8>)> {
+        let mut q = WriteQueue::new(fragment);
+        msgs.into_iter().for_each(|m| q.push(m));
+        let mut wire = Vec::new();
+        let mut batch = BytesMut::new();
+        while !q.is_idle() {
+            let big = q.fill(&mut batch);
+            wire.extend_from_slice(&batch);
+            batch.clear();
+            if let Some(b) = big {
+                wire.extend_from_slice(&b);
+            }
+            q.written();
+        }
+        let mut a = Assembler::new(1);
+        let mut out = Vec::new();
+        for piece in wire.chunks(read_size.max(1)) {
+            a.read_buf().extend_from_slice(piece);
+            while let Some(f) = a.next_frame().unwrap() {
+                out.push((f.header.tag, f.payload.to_vec()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn small_and_large_interleave_but_same_key_keeps_order() {
+        let out = pump(vec![msg(1, 100_000, 1), msg(1, 10, 2), msg(2, 10, 3), msg(3, 0, 4)], 4096, 1000);
+        let tags: Vec<u32> = out.iter().map(|o| o.0).collect();
+        // Tag 2 and 3 overtake the large message; the second tag-1 message does not.
+        assert_eq!(tags, vec![2, 3, 1, 1]);
+        assert_eq!(out[2].1, vec![1; 100_000]);
+        assert_eq!(out[3].1, vec![2; 10]);
+        assert!(out[1].1.is_empty());
+    }
+
+    #[test]
+    fn rejects_spoofed_source_and_out_of_order_fragments() {
+        let mut a = Assembler::new(2);
+        let h = Header::data(1, 0, 0, 0, &Signature::bare(OpKind::Send, 0), 0);
+        a.read_buf().extend_from_slice(&h.encode());
+        assert!(a.next_frame().unwrap_err().is_protocol());
+
+        let mut a = Assembler::new(1);
+        let mut h = Header::data(1, 0, 0, 0, &Signature::bare(OpKind::Send, 0), 10);
+        h.offset = 5;
+        h.frag_len = 5;
+        a.read_buf().extend_from_slice(&h.encode());
+        a.read_buf().extend_from_slice(&[0; 5]);
+        assert!(a.next_frame().unwrap_err().is_protocol());
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_reassembles(
+            lens in proptest::collection::vec(0usize..50_000, 1..12),
+            fragment in 1usize..20_000,
+            read_size in 1usize..70_000,
+        ) {
+            let msgs = lens.iter().enumerate().map(|(i, &l)| msg(i as u32, l, i as u8)).collect();
+            let mut out = pump(msgs, fragment, read_size);
+            out.sort_by_key(|o| o.0);
+            prop_assert_eq!(out.len(), lens.len());
+            for (i, (tag, data)) in out.into_iter().enumerate() {
+                prop_assert_eq!(tag as usize, i);
+                prop_assert_eq!(data, vec![i as u8; lens[i]]);
+            }
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let mut a = Assembler::new(0);
+            a.read_buf().extend_from_slice(&bytes);
+            while let Ok(Some(_)) = a.next_frame() {}
+        }
+    }
+}
