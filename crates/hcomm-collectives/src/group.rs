@@ -1,0 +1,280 @@
+//! A group of ranks over a transport, and the context of one operation on it.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hcomm_core::mailbox::encode_abort;
+use hcomm_core::{
+    Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature,
+};
+use hcomm_topology::Topology;
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// The ranks of one communicator over a shared transport: the world, or a subset
+/// made by a split. Group ranks are `0..size`; the transport speaks world ranks.
+#[derive(Debug)]
+pub struct Group<T> {
+    transport: Arc<T>,
+    comm: u64,
+    members: Arc<[Rank]>,
+    me: usize,
+    topology: Topology,
+    ring: Arc<[usize]>,
+    next_seq: AtomicU64,
+    timeout: Duration,
+}
+
+impl<T: LocalTransport> Group<T> {
+    /// The group of every rank of `transport`, with communicator id `comm`.
+    pub fn world(transport: Arc<T>, comm: u64, topology: Topology, timeout: Duration) -> Result<Group<T>> {
+        let size = transport.size();
+        if topology.size() != size {
+            return Err(Error::invalid(format!("topology of {} ranks for a transport of {size}", topology.size())));
+        }
+        let me = transport.rank();
+        Ok(Group::build(transport, comm, (0..size).collect(), me, topology, timeout))
+    }
+
+    fn build(transport: Arc<T>, comm: u64, members: Vec<Rank>, me: usize, topology: Topology, timeout: Duration) -> Group<T> {
+        let ring = topology.ring_order().into();
+        Group { transport, comm, members: members.into(), me, topology, ring, next_seq: AtomicU64::new(1), timeout }
+    }
+
+    /// The group of `members` (group ranks of `self`, in the new rank order) with
+    /// communicator id `comm`; `None` if this rank is not among them.
+    pub fn subgroup(&self, comm: u64, members: &[usize]) -> Option<Group<T>> {
+        let me = members.iter().position(|&m| m == self.me)?;
+        let world: Vec<Rank> = members.iter().map(|&m| self.members[m]).collect();
+        Some(Group::build(self.transport.clone(), comm, world, me, self.topology.subset(members), self.timeout))
+    }
+
+    /// This rank's index in the group.
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The communicator id carried by every frame of this group.
+    pub fn comm_id(&self) -> u64 {
+        self.comm
+    }
+
+    /// World rank of group rank `r`.
+    pub fn world_rank(&self, r: usize) -> Rank {
+        self.members[r]
+    }
+
+    pub fn transport(&self) -> &Arc<T> {
+        &self.transport
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Default deadline of each operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Number of collectives started so far.
+    pub fn collectives_started(&self) -> u64 {
+        self.next_seq.load(Ordering::Relaxed) - 1
+    }
+
+    /// Starts a collective: takes the next sequence number *now*, so that ranks match
+    /// collectives by the order of the calls, whatever order their futures are polled
+    /// in.
+    pub fn begin(&self, sig: Signature) -> OpCtx<'_, T> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        OpCtx::new(self, seq, sig)
+    }
+
+    /// Bad arguments found before a collective starts still take its sequence number
+    /// and abort it on every rank, so that no rank waits for this one.
+    pub fn reject(&self, sig: Signature, err: Error) -> Error {
+        self.begin(sig).finish::<()>(Err(err)).unwrap_err()
+    }
+
+    /// Applies the group's deadline to a point-to-point operation.
+    pub async fn p2p_deadline<R>(&self, op: OpKind, peer: usize, fut: impl Future<Output = Result<R>>) -> Result<R> {
+        let r = match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(ErrorKind::Timeout, format!("no matching message within {:?}", self.timeout))
+                .with_peer(peer)),
+        };
+        r.map_err(|e| e.in_op(op, None).at_rank(self.me))
+    }
+}
+
+/// The context of one collective: its sequence number, signature and deadline, the
+/// sends and receives it makes, and the ranks it still waits for.
+///
+/// Finish it with [`OpCtx::finish`]. Dropped unfinished (its future cancelled), it
+/// aborts the operation on every rank, so that peers fail it at once with an aborted
+/// error instead of waiting for their deadline; later operations are unaffected.
+#[derive(Debug)]
+pub struct OpCtx<'g, T: LocalTransport> {
+    g: &'g Group<T>,
+    seq: u64,
+    sig: Signature,
+    deadline: Instant,
+    waiting: Mutex<BTreeMap<usize, usize>>,
+    done: AtomicBool,
+}
+
+impl<'g, T: LocalTransport> OpCtx<'g, T> {
+    fn new(g: &'g Group<T>, seq: u64, sig: Signature) -> OpCtx<'g, T> {
+        OpCtx {
+            g,
+            seq,
+            sig,
+            deadline: Instant::now() + g.timeout,
+            waiting: Mutex::new(BTreeMap::new()),
+            done: AtomicBool::new(false),
+        }
+    }
+
+    pub fn group(&self) -> &'g Group<T> {
+        self.g
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    pub fn signature(&self) -> &Signature {
+        &self.sig
+    }
+
+    pub fn rank(&self) -> usize {
+        self.g.me
+    }
+
+    pub fn size(&self) -> usize {
+        self.g.size()
+    }
+
+    /// Ring order of the group's ranks (host-contiguous).
+    pub fn ring(&self) -> &'g [usize] {
+        &self.g.ring
+    }
+
+    /// A payload holding `data`, in memory the transport sends cheaply.
+    pub fn payload<E: Element>(&self, data: &[E]) -> Bytes {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut b = self.g.transport.send_buffer(bytes.len());
+        b.copy_from_slice(bytes);
+        b.freeze()
+    }
+
+    /// Sends `payload` to group rank `to` under `tag`.
+    pub fn send(&self, to: usize, tag: u32, payload: Bytes) -> impl Future<Output = Result<()>> + use<'g, T> {
+        let h = Header::data(self.g.world_rank(self.g.me), self.g.comm, self.seq, tag, &self.sig, payload.len());
+        let to = self.g.world_rank(to);
+        let fut = self.g.transport.send(to, h, payload);
+        async move { fut.await.map_err(|e| e.with_peer(to)) }
+    }
+
+    /// Receives the payload group rank `from` sent under `tag`. The receive is posted
+    /// when this method is called. Fails with a mismatch error if the sender's
+    /// signature differs from ours.
+    pub fn recv(&self, from: usize, tag: u32) -> impl Future<Output = Result<Bytes>> + '_ {
+        let src = self.g.world_rank(from);
+        let key = MatchKey { src, comm: self.g.comm, seq: self.seq, tag };
+        let fut = self.g.transport.mailbox().recv(key);
+        *self.waiting.lock().entry(from).or_insert(0) += 1;
+        async move {
+            let r = fut.await;
+            {
+                let mut w = self.waiting.lock();
+                if let Some(c) = w.get_mut(&from) {
+                    *c -= 1;
+                    if *c == 0 {
+                        w.remove(&from);
+                    }
+                }
+            }
+            let frame = r?;
+            let theirs = frame.header.signature();
+            if theirs != self.sig {
+                return Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!("rank {from} called {theirs}, this rank called {}", self.sig),
+                )
+                .with_peer(from));
+            }
+            Ok(frame.payload)
+        }
+    }
+
+    /// Runs the body of the operation (which borrows this context) under the
+    /// operation's deadline; pass the result to [`OpCtx::finish`].
+    pub async fn deadline<R>(&self, body: impl Future<Output = Result<R>>) -> Result<R> {
+        match tokio::time::timeout_at(self.deadline, body).await {
+            Ok(r) => r,
+            Err(_) => Err(self.timeout_error()),
+        }
+    }
+
+    fn timeout_error(&self) -> Error {
+        let missing: Vec<String> = self.waiting.lock().keys().map(|r| r.to_string()).collect();
+        let what = if missing.is_empty() {
+            String::from("waiting to hand data to the transport")
+        } else {
+            format!("ranks [{}] have not sent their part", missing.join(", "))
+        };
+        Error::new(ErrorKind::Timeout, format!("not finished within {:?}: {what}", self.g.timeout))
+    }
+
+    /// Ends the operation. An error gets this operation's context and aborts the
+    /// operation on every other rank (once).
+    pub fn finish<R>(self, r: Result<R>) -> Result<R> {
+        self.done.store(true, Ordering::Release);
+        r.map_err(|e| {
+            let e = e.in_op(self.sig.op, Some(self.seq)).at_rank(self.g.me);
+            self.abort_peers(&e);
+            e
+        })
+    }
+
+    fn abort_peers(&self, err: &Error) {
+        let t = &self.g.transport;
+        if !t.mailbox().abort_op(self.g.comm, self.seq, err.clone()) {
+            return;
+        }
+        let payload = encode_abort(err);
+        let me = self.g.world_rank(self.g.me);
+        for (i, &peer) in self.g.members.iter().enumerate() {
+            if i != self.g.me {
+                let h = Header::control(FrameKind::Abort, self.sig.op, me, self.g.comm, self.seq, payload.len());
+                t.post(peer, h, payload.clone());
+            }
+        }
+    }
+}
+
+impl<T: LocalTransport> Drop for OpCtx<'_, T> {
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::Acquire) {
+            let e = Error::new(ErrorKind::Aborted, "the operation was cancelled (its future was dropped)")
+                .in_op(self.sig.op, Some(self.seq))
+                .at_rank(self.g.me);
+            tracing::debug!(seq = self.seq, op = %self.sig.op, "cancelled");
+            self.abort_peers(&e);
+        }
+    }
+}

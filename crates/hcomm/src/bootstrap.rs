@@ -1,0 +1,218 @@
+//! From a launcher's environment to a connected communicator.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hcomm_collectives::Group;
+use hcomm_core::{Error, ErrorKind, OpKind, Result};
+use hcomm_topology::{host_identity, Topology};
+use hcomm_transport::{connect_mesh, MeshOptions, StreamOptions, StreamTransport};
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+use crate::comm::{Communicator, Keep};
+use crate::env::{duration_var, LaunchEnv};
+use crate::store::{StoreClient, StoreServer};
+
+/// Default deadline of each operation (`HCOMM_TIMEOUT`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default deadline of bootstrap (`HCOMM_CONNECT_TIMEOUT`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to set up a communicator. [`Config::from_env`] fills it from a launcher's
+/// environment; [`Config::new`] from explicit values.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub rank: usize,
+    pub size: usize,
+    /// `host:port` of the rendezvous store that rank 0 serves.
+    pub addr: String,
+    /// Job identity; connections from other jobs are refused.
+    pub job_id: String,
+    /// Deadline of each operation.
+    pub timeout: Duration,
+    /// Deadline of the whole bootstrap.
+    pub connect_timeout: Duration,
+    /// Tuning of the TCP transports.
+    pub stream: StreamOptions,
+    /// Whether rank 0 serves the store (off when the caller runs one).
+    pub serve_store: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RankInfo {
+    addr: SocketAddr,
+    host: String,
+}
+
+/// FNV-1a of the job id, as carried in handshakes.
+pub(crate) fn job_hash(job_id: &str) -> u64 {
+    job_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+fn boot(rank: usize, msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Bootstrap, msg).in_op(OpKind::Bootstrap, None).at_rank(rank)
+}
+
+impl Config {
+    /// Rank `rank` of `size`, rendezvous at `addr`, defaults elsewhere.
+    pub fn new(rank: usize, size: usize, addr: impl Into<String>) -> Config {
+        Config {
+            rank,
+            size,
+            addr: addr.into(),
+            job_id: String::from("default"),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            stream: StreamOptions::default(),
+            serve_store: true,
+        }
+    }
+
+    /// From the launcher's environment (see [`crate::env`]), plus `HCOMM_TIMEOUT` and
+    /// `HCOMM_CONNECT_TIMEOUT` (seconds).
+    ///
+    /// # Errors
+    /// A configuration error naming the variable at fault.
+    pub fn from_env() -> Result<Config> {
+        let e = LaunchEnv::from_env()?;
+        let mut c = Config::new(e.rank, e.size, e.addr);
+        c.job_id = e.job_id;
+        if let Some(t) = duration_var("HCOMM_TIMEOUT")? {
+            c.timeout = t;
+        }
+        if let Some(t) = duration_var("HCOMM_CONNECT_TIMEOUT")? {
+            c.connect_timeout = t;
+        }
+        Ok(c)
+    }
+
+    /// Connects over TCP with tokio sockets. Must run inside a tokio runtime; the
+    /// transport's tasks are spawned on it.
+    ///
+    /// # Errors
+    /// A bootstrap error naming what failed: the store address cannot be bound (rank
+    /// 0) or reached, ranks that never registered or never connected before
+    /// `connect_timeout`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes every connection made so far; the job cannot start
+    /// without this rank.
+    pub async fn connect(self) -> Result<Communicator<StreamTransport>> {
+        let (streams, hosts, keep) = self.rendezvous().await?;
+        let t = StreamTransport::tokio(self.rank, streams, &self.stream);
+        self.finish(t, &hosts, keep)
+    }
+
+    /// Connects over TCP driven by io_uring. Must run inside `tokio_uring::start`.
+    ///
+    /// # Errors
+    /// As [`Config::connect`].
+    ///
+    /// # Cancel safety
+    /// As [`Config::connect`].
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    pub async fn connect_uring(self) -> Result<Communicator<StreamTransport>> {
+        let (streams, hosts, keep) = self.rendezvous().await?;
+        let streams = streams
+            .into_iter()
+            .map(|s| s.map(|s| s.into_std()).transpose())
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| Error::io("handing a socket to io_uring", e))?;
+        let t = StreamTransport::uring(self.rank, streams, &self.stream);
+        self.finish(t, &hosts, keep)
+    }
+
+    fn finish(&self, t: StreamTransport, hosts: &[String], keep: Keep) -> Result<Communicator<StreamTransport>> {
+        let group = Group::world(Arc::new(t), 0, Topology::from_hosts(hosts), self.timeout)?;
+        tracing::debug!(rank = self.rank, size = self.size, hosts = group.topology().host_count(), "connected");
+        Ok(Communicator::new(group, Arc::new(keep)))
+    }
+
+    async fn store_bind_addr(&self) -> Result<SocketAddr> {
+        let mut addrs = tokio::net::lookup_host(&self.addr)
+            .await
+            .map_err(|e| boot(self.rank, format!("cannot resolve the rendezvous address {:?}", self.addr)).with_source(e))?;
+        let a = addrs.next().ok_or_else(|| boot(self.rank, format!("{:?} resolves to no address", self.addr)))?;
+        // A loopback store stays on loopback; otherwise listen on every interface, as
+        // the other ranks reach rank 0 by the name they were given.
+        Ok(if a.ip().is_loopback() { a } else { SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), a.port()) })
+    }
+
+    async fn rendezvous(&self) -> Result<(Vec<Option<TcpStream>>, Vec<String>, Keep)> {
+        let (rank, size) = (self.rank, self.size);
+        if size == 0 || rank >= size {
+            return Err(Error::config(format!("rank {rank} of {size} ranks")));
+        }
+        let deadline = Instant::now() + self.connect_timeout;
+        let job = job_hash(&self.job_id);
+        let mut keep = Keep::default();
+        if rank == 0 && self.serve_store {
+            keep.store = Some(StoreServer::start(self.store_bind_addr().await?, job, size).await.map_err(|e| e.at_rank(rank))?);
+        }
+        let mut store = StoreClient::connect(&self.addr, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
+        let ip = store.local_addr()?.ip();
+        let listener = TcpListener::bind((ip, 0)).await.map_err(|e| Error::io(format!("binding a listener on {ip}"), e).at_rank(rank))?;
+        let me = RankInfo { addr: listener.local_addr().map_err(|e| Error::io("listener address", e))?, host: host_identity() };
+        let me = serde_json::to_string(&me).map_err(|e| boot(rank, e.to_string()))?;
+        store.set(&format!("rank/{rank}"), &me).await.map_err(|e| e.at_rank(rank))?;
+        let keys: Vec<String> = (0..size).map(|r| format!("rank/{r}")).collect();
+        let values = match store.get(&keys, deadline.saturating_duration_since(Instant::now())).await.map_err(|e| e.at_rank(rank))? {
+            Ok(v) => v,
+            Err(missing) => {
+                let ranks: Vec<&str> = missing.iter().map(|k| k.trim_start_matches("rank/")).collect();
+                return Err(boot(
+                    rank,
+                    format!(
+                        "ranks [{}] never reached the rendezvous store at {} within {:?}",
+                        ranks.join(", "),
+                        self.addr,
+                        self.connect_timeout
+                    ),
+                ));
+            }
+        };
+        let infos: Vec<RankInfo> = values
+            .iter()
+            .map(|v| serde_json::from_str(v))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| boot(rank, format!("malformed rank entry in the store: {e}")))?;
+        let addrs: Vec<SocketAddr> = infos.iter().map(|i| i.addr).collect();
+        let hosts: Vec<String> = infos.into_iter().map(|i| i.host).collect();
+        let opts = MeshOptions { job, timeout: deadline.saturating_duration_since(Instant::now()), ..MeshOptions::default() };
+        let streams = connect_mesh(rank, size, listener, &addrs, &opts).await?;
+        Ok((streams, hosts, keep))
+    }
+}
+
+/// Starts a store on loopback and the configurations of `n` ranks that use it.
+pub(crate) async fn local_configs(n: usize) -> Result<(StoreServer, Vec<Config>)> {
+    let job_id = format!("local-{:016x}", rand::random::<u64>());
+    let store = StoreServer::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), job_hash(&job_id), n).await?;
+    let configs = (0..n)
+        .map(|r| {
+            let mut c = Config::new(r, n, store.addr().to_string());
+            c.job_id = job_id.clone();
+            c.serve_store = false;
+            c
+        })
+        .collect();
+    Ok((store, configs))
+}
+
+/// Hands the store to rank 0's communicator, so that it lives as long as the job.
+pub(crate) fn attach_store<T: hcomm_core::LocalTransport>(
+    comms: Vec<Communicator<T>>,
+    store: StoreServer,
+) -> Vec<Communicator<T>> {
+    let mut store = Some(store);
+    comms
+        .into_iter()
+        .map(|c| match store.take() {
+            Some(s) => c.with_store(s),
+            None => c,
+        })
+        .collect()
+}

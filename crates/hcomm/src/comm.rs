@@ -1,0 +1,292 @@
+//! The communicator.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hcomm_collectives as coll;
+use hcomm_collectives::Group;
+use hcomm_core::{Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag};
+use hcomm_topology::Topology;
+use hcomm_transport::StreamTransport;
+use tracing::Instrument;
+
+use crate::store::StoreServer;
+
+/// What a job keeps alive while any of its communicators lives.
+#[derive(Debug, Default)]
+pub(crate) struct Keep {
+    pub store: Option<StoreServer>,
+}
+
+/// A group of ranks that communicate: point-to-point messages and collectives, each a
+/// future that the caller awaits, joins or spawns on its own executor.
+///
+/// Collectives are numbered when they are *called*, and ranks match them by that
+/// order (as MPI and NCCL require): call them in the same order on every rank; poll
+/// them in any order, or all at once. Point-to-point messages are matched by source,
+/// tag and order, separately from collectives.
+///
+/// Generic over the transport: [`StreamTransport`] (TCP over tokio or io_uring,
+/// the default) from [`crate::init`], `MemTransport` from [`crate::local`].
+#[derive(Debug)]
+pub struct Communicator<T: LocalTransport = StreamTransport> {
+    group: Group<T>,
+    keep: Arc<Keep>,
+}
+
+impl<T: LocalTransport> Communicator<T> {
+    pub(crate) fn new(group: Group<T>, keep: Arc<Keep>) -> Communicator<T> {
+        Communicator { group, keep }
+    }
+
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.group.size()
+    }
+
+    /// The transport's name: `mem`, `tcp` or `uring`.
+    pub fn transport_name(&self) -> &'static str {
+        self.group.transport().name()
+    }
+
+    /// Where the ranks run.
+    pub fn topology(&self) -> &Topology {
+        self.group.topology()
+    }
+
+    /// Deadline of each operation, counted from the call.
+    pub fn timeout(&self) -> Duration {
+        self.group.timeout()
+    }
+
+    /// Sets the deadline of operations called from now on.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.group.set_timeout(timeout);
+    }
+
+    /// Number of collectives called so far.
+    pub fn collectives_called(&self) -> u64 {
+        self.group.collectives_started()
+    }
+
+    /// Element-wise reduction of `buf` across all ranks; every rank ends with the
+    /// result, bitwise identical on every rank.
+    ///
+    /// # Errors
+    /// An invalid-argument error if `op` is not defined for `E` (`Avg` on integers,
+    /// bitwise operators on floats); a mismatch error on every rank if ranks pass
+    /// different lengths, element types or operators; a peer-failed error if a rank
+    /// dies or its connection breaks; a timeout naming the ranks that did not send
+    /// their part; an aborted error if another rank failed or cancelled the operation.
+    /// The error carries this rank, the operation and its sequence number.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe for the data: dropping the future leaves `buf` partly reduced.
+    /// The communicator stays usable: the dropped operation is aborted on every rank
+    /// (their futures of it fail with an aborted error naming this rank), and later
+    /// operations, which have other sequence numbers, are unaffected.
+    pub fn all_reduce<'a, E: Element>(&'a self, buf: &'a mut [E], op: ReduceOp) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op));
+        let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = "ring");
+        coll::ring_allreduce(ctx, buf, op).instrument(span)
+    }
+
+    /// Waits until every rank has called the barrier.
+    ///
+    /// # Errors
+    /// Peer failure, timeout, or abort, as for [`Communicator::all_reduce`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future aborts this barrier on every rank; later operations are
+    /// unaffected.
+    pub fn barrier(&self) -> impl Future<Output = Result<()>> + '_ {
+        let ctx = self.group.begin(Signature::bare(OpKind::Barrier, 0));
+        let span = tracing::debug_span!("barrier", seq = ctx.seq(), algo = "dissemination");
+        coll::barrier(ctx).instrument(span)
+    }
+
+    /// Gathers every rank's `send` into `recv`, rank by rank: `recv` must hold
+    /// `size() * send.len()` elements.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a wrong `recv` length; otherwise as
+    /// [`Communicator::all_reduce`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::all_reduce`]: `recv` is left partly filled.
+    pub fn all_gather<'a, E: Element>(&'a self, send: &'a [E], recv: &'a mut [E]) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::allgather_signature::<E>(send.len()));
+        let span = tracing::debug_span!("allgather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, algo = "ring");
+        coll::ring_allgather(ctx, send, recv).instrument(span)
+    }
+
+    /// Splits the communicator, as `MPI_Comm_split`: ranks that pass the same `color`
+    /// form a new communicator, ranked by `key` (ties by their rank here); ranks that
+    /// pass `None` get `None`. Collective: every rank must call it. The new
+    /// communicator has its own tag and sequence space.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_gather`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future aborts the split on every rank; this communicator stays
+    /// usable.
+    pub fn split(&self, color: Option<u32>, key: i64) -> impl Future<Output = Result<Option<Communicator<T>>>> + '_ {
+        let ctx = self.group.begin(coll::split_signature());
+        let span = tracing::debug_span!("split", seq = ctx.seq(), ?color, key);
+        let keep = self.keep.clone();
+        async move { Ok(coll::split(ctx, color, key).await?.map(|g| Communicator::new(g, keep))) }.instrument(span)
+    }
+
+    fn check_peer(&self, peer: usize, op: OpKind) -> Result<usize> {
+        if peer < self.size() {
+            Ok(self.group.world_rank(peer))
+        } else {
+            Err(Error::invalid(format!("rank {peer} out of range for a communicator of {} ranks", self.size()))
+                .in_op(op, None)
+                .at_rank(self.rank()))
+        }
+    }
+
+    /// Sends `data` to rank `dst` under `tag`. The data is copied when this method is
+    /// called, so the caller may reuse its buffer at once. Messages to one rank with
+    /// one tag arrive in the order of the calls.
+    ///
+    /// # Errors
+    /// An invalid-argument error for `dst` out of range; a peer-failed error if the
+    /// connection to `dst` is broken; a timeout if the message could not be handed to
+    /// the transport within the communicator's timeout.
+    ///
+    /// # Cancel safety
+    /// The message is queued when this method is called; dropping the future does not
+    /// withdraw it.
+    pub fn send<E: Element>(&self, dst: usize, tag: Tag, data: &[E]) -> impl Future<Output = Result<()>> + '_ {
+        let payload = Bytes::copy_from_slice(bytemuck::cast_slice(data));
+        let sig = Signature { op: OpKind::Send, dtype: Some(E::DTYPE), reduce: None, count: data.len() as u64, root: None };
+        self.send_payload(dst, tag, sig, payload)
+    }
+
+    fn send_payload(&self, dst: usize, tag: Tag, sig: Signature, payload: Bytes) -> impl Future<Output = Result<()>> + '_ {
+        let queued = self.check_peer(dst, OpKind::Send).map(|world| {
+            let me = self.group.world_rank(self.rank());
+            let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, payload.len());
+            self.group.transport().send(world, h, payload)
+        });
+        async move {
+            match queued {
+                Err(e) => Err(e),
+                Ok(fut) => self.group.p2p_deadline(OpKind::Send, dst, fut).await,
+            }
+        }
+    }
+
+    fn post_recv(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Frame>> + '_ {
+        let posted = self.check_peer(src, OpKind::Recv).map(|world| {
+            self.group.transport().mailbox().recv(MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag })
+        });
+        async move {
+            let fut = posted?;
+            let frame = self.group.p2p_deadline(OpKind::Recv, src, fut).await?;
+            let dtype = frame.header.dtype;
+            if frame.header.op != OpKind::Send || dtype.is_none() {
+                return Err(self.recv_error(ErrorKind::Protocol, src, format!("rank {src} sent a {} frame as a message", frame.header.op)));
+            }
+            Ok(frame)
+        }
+    }
+
+    fn recv_error(&self, kind: ErrorKind, src: usize, msg: String) -> Error {
+        Error::new(kind, msg).with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank())
+    }
+
+    fn check_dtype<E: Element>(&self, src: usize, h: &Header) -> Result<()> {
+        if h.dtype == Some(E::DTYPE) {
+            return Ok(());
+        }
+        let sent = h.dtype.map_or("untyped", |d| d.name());
+        Err(self.recv_error(ErrorKind::Mismatch, src, format!("rank {src} sent {} x {sent}, received as {}", h.count, E::DTYPE)))
+    }
+
+    /// Receives the next message from rank `src` with `tag`. The receive is posted when
+    /// this method is called: receives posted in program order match messages in
+    /// sending order.
+    ///
+    /// # Errors
+    /// A mismatch error if the message holds another element type; a peer-failed error
+    /// if `src` dies; a timeout if nothing arrives within the communicator's timeout.
+    ///
+    /// # Cancel safety
+    /// Dropping the future withdraws the receive; a message that arrives later goes to
+    /// the next receive from `src` with `tag`.
+    pub fn recv<E: Element>(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Vec<E>>> + '_ {
+        let frame = self.post_recv(src, tag);
+        async move {
+            let f = frame.await?;
+            self.check_dtype::<E>(src, &f.header)?;
+            coll::to_vec(&f.payload).map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
+        }
+    }
+
+    /// Receives the next message from rank `src` with `tag` into `buf`, which must have
+    /// exactly the message's length.
+    ///
+    /// # Errors
+    /// As [`Communicator::recv`], and a mismatch error if the lengths differ.
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::recv`]; `buf` is written only when the future completes.
+    pub fn recv_into<'a, E: Element>(&'a self, src: usize, tag: Tag, buf: &'a mut [E]) -> impl Future<Output = Result<()>> + 'a {
+        let frame = self.post_recv(src, tag);
+        async move {
+            let f = frame.await?;
+            self.check_dtype::<E>(src, &f.header)?;
+            if f.header.count != buf.len() as u64 {
+                return Err(self.recv_error(
+                    ErrorKind::Mismatch,
+                    src,
+                    format!("rank {src} sent {} elements into a buffer of {}", f.header.count, buf.len()),
+                ));
+            }
+            coll::copy_in(buf, &f.payload).map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
+        }
+    }
+
+    /// Sends `data` to `dst` and receives from `src` at once (the exchange step of
+    /// halo swaps and shifts).
+    ///
+    /// # Errors
+    /// As [`Communicator::send`] and [`Communicator::recv`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::send`] and [`Communicator::recv`].
+    pub fn sendrecv<E: Element>(
+        &self,
+        dst: usize,
+        send_tag: Tag,
+        data: &[E],
+        src: usize,
+        recv_tag: Tag,
+    ) -> impl Future<Output = Result<Vec<E>>> + '_ {
+        let recv = self.recv::<E>(src, recv_tag);
+        let send = self.send(dst, send_tag, data);
+        async move { futures::try_join!(send, recv).map(|(_, v)| v) }
+    }
+}
+
+impl<T: LocalTransport> Communicator<T> {
+    /// Keeps `store` alive with this communicator (a fresh one, not yet shared).
+    pub(crate) fn with_store(mut self, store: StoreServer) -> Communicator<T> {
+        match Arc::get_mut(&mut self.keep) {
+            Some(k) => k.store = Some(store),
+            None => self.keep = Arc::new(Keep { store: Some(store) }),
+        }
+        self
+    }
+}

@@ -1,0 +1,237 @@
+//! Reading rank, size and rendezvous address from the environment that launchers set.
+//!
+//! Looked up in this order (the first launcher whose rank variable is set wins):
+//!
+//! | launcher | rank | size | job id | rendezvous |
+//! |---|---|---|---|---|
+//! | `hcomm run`, or by hand | `HCOMM_RANK` | `HCOMM_SIZE` | `HCOMM_JOB_ID` | `HCOMM_ADDR` |
+//! | OpenMPI `mpirun` | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_MCA_ess_base_jobid`, `PMIX_NAMESPACE` | see below |
+//! | Slurm `srun` | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_JOB_ID`.`SLURM_STEP_ID` | see below |
+//! | PMI (MPICH Hydra) | `PMI_RANK` | `PMI_SIZE` | `PMI_JOBID` | see below |
+//! | torchrun | `RANK` | `WORLD_SIZE` | `TORCHELASTIC_RUN_ID` | `MASTER_ADDR`:`MASTER_PORT` |
+//!
+//! The rendezvous address (where rank 0 serves the store) is `HCOMM_ADDR` if set, else
+//! `MASTER_ADDR`:`MASTER_PORT` if set. Failing both, when the launcher says every rank
+//! is on this host (`OMPI_COMM_WORLD_LOCAL_SIZE`, `SLURM_STEP_NUM_NODES` or
+//! `MPI_LOCALNRANKS` equal to one host), the store goes on 127.0.0.1 at a port derived
+//! from the job id; across hosts without an address, [`LaunchEnv::from_env`] fails with
+//! an error that says what to set, never a silent guess.
+
+use std::time::Duration;
+
+use hcomm_core::{Error, Result};
+
+/// What a launcher told this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    pub rank: usize,
+    pub size: usize,
+    /// Rank among the ranks on this host, when the launcher says.
+    pub local_rank: Option<usize>,
+    /// `host:port` of rank 0's rendezvous store.
+    pub addr: String,
+    /// Job identity: connections from other jobs are refused.
+    pub job_id: String,
+    /// Which launcher's variables were used (`hcomm`, `openmpi`, `slurm`, `pmi`, `torchrun`).
+    pub launcher: &'static str,
+}
+
+struct Launcher {
+    name: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    job: &'static [&'static str],
+    /// Variable that holds the number of ranks on this host, or the number of hosts.
+    single_host: Option<(&'static str, SingleHost)>,
+}
+
+#[derive(Clone, Copy)]
+enum SingleHost {
+    LocalSizeEqualsSize,
+    OneNode,
+}
+
+const LAUNCHERS: &[Launcher] = &[
+    Launcher { name: "hcomm", rank: "HCOMM_RANK", size: "HCOMM_SIZE", local_rank: "HCOMM_LOCAL_RANK", job: &["HCOMM_JOB_ID"], single_host: None },
+    Launcher {
+        name: "openmpi",
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        job: &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"],
+        single_host: Some(("OMPI_COMM_WORLD_LOCAL_SIZE", SingleHost::LocalSizeEqualsSize)),
+    },
+    Launcher {
+        name: "slurm",
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        job: &["SLURM_JOB_ID", "SLURM_STEP_ID"],
+        single_host: Some(("SLURM_STEP_NUM_NODES", SingleHost::OneNode)),
+    },
+    Launcher {
+        name: "pmi",
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: "MPI_LOCALRANKID",
+        job: &["PMI_JOBID"],
+        single_host: Some(("MPI_LOCALNRANKS", SingleHost::LocalSizeEqualsSize)),
+    },
+    Launcher { name: "torchrun", rank: "RANK", size: "WORLD_SIZE", local_rank: "LOCAL_RANK", job: &["TORCHELASTIC_RUN_ID"], single_host: None },
+];
+
+fn parse_num(var: &str, v: &str) -> Result<usize> {
+    v.trim().parse().map_err(|_| Error::config(format!("{var}={v:?} is not a non-negative integer")))
+}
+
+/// Port in 20000..60000 derived from a job id, for single-host jobs without an address.
+fn derived_port(job: &str) -> u16 {
+    let h = job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    20000 + (h % 40000) as u16
+}
+
+impl LaunchEnv {
+    /// Reads the process environment. See the module documentation.
+    ///
+    /// # Errors
+    /// A configuration error naming the variable at fault: no launcher variables at
+    /// all, a rank without a size, a value that is not a number, a rank not below the
+    /// size, or a multi-host job without a rendezvous address.
+    pub fn from_env() -> Result<LaunchEnv> {
+        LaunchEnv::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Whether any launcher's rank variable is set.
+    pub fn launched() -> bool {
+        LAUNCHERS.iter().any(|l| std::env::var_os(l.rank).is_some())
+    }
+
+    /// Like [`LaunchEnv::from_env`], reading variables through `get`.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
+        let Some(l) = LAUNCHERS.iter().find(|l| get(l.rank).is_some()) else {
+            let names: Vec<&str> = LAUNCHERS.iter().map(|l| l.rank).collect();
+            return Err(Error::config(format!(
+                "no launcher environment found (none of {} is set): start the program with `hcomm run -n N`, mpirun, srun or torchrun, or set HCOMM_RANK, HCOMM_SIZE and HCOMM_ADDR",
+                names.join(", ")
+            )));
+        };
+        let rank = parse_num(l.rank, &get(l.rank).unwrap_or_default())?;
+        let size_s = get(l.size).ok_or_else(|| Error::config(format!("{} is set but {} is not", l.rank, l.size)))?;
+        let size = parse_num(l.size, &size_s)?;
+        if size == 0 {
+            return Err(Error::config(format!("{}=0: a job needs at least one rank", l.size)));
+        }
+        if rank >= size {
+            return Err(Error::config(format!("{}={rank} is not below {}={size}", l.rank, l.size)));
+        }
+        let local_rank = match get(l.local_rank) {
+            Some(v) => Some(parse_num(l.local_rank, &v)?),
+            None => None,
+        };
+        let job_parts: Vec<String> = l.job.iter().filter_map(|k| get(k)).collect();
+        let job_id = get("HCOMM_JOB_ID").or_else(|| (!job_parts.is_empty()).then(|| job_parts.join("."))).unwrap_or_else(|| String::from("default"));
+
+        let addr = if let Some(a) = get("HCOMM_ADDR") {
+            a
+        } else if let Some(host) = get("MASTER_ADDR") {
+            let port = get("MASTER_PORT").ok_or_else(|| Error::config("MASTER_ADDR is set but MASTER_PORT is not"))?;
+            parse_num("MASTER_PORT", &port)?;
+            format!("{host}:{port}")
+        } else {
+            let single = match l.single_host {
+                Some((var, SingleHost::LocalSizeEqualsSize)) => get(var).map(|v| parse_num(var, &v)).transpose()? == Some(size),
+                Some((var, SingleHost::OneNode)) => get(var).map(|v| parse_num(var, &v)).transpose()? == Some(1),
+                None => size == 1,
+            };
+            if !single {
+                return Err(Error::config(format!(
+                    "ranks from {} span several hosts (or the launcher does not say), and no rendezvous address is set: set HCOMM_ADDR=host:port (rank 0's host, a free port) for every rank",
+                    l.name
+                )));
+            }
+            format!("127.0.0.1:{}", derived_port(&job_id))
+        };
+        if !addr.contains(':') {
+            return Err(Error::config(format!("rendezvous address {addr:?} is not host:port")));
+        }
+        Ok(LaunchEnv { rank, size, local_rank, addr, job_id, launcher: l.name })
+    }
+}
+
+/// A duration from a variable holding seconds (fractions allowed); `None` if unset.
+///
+/// # Errors
+/// A configuration error if the value is not a positive number of seconds.
+pub fn duration_var(var: &str) -> Result<Option<Duration>> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
+            _ => Err(Error::config(format!("{var}={v:?} is not a positive number of seconds"))),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> Result<LaunchEnv> {
+        let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        LaunchEnv::from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn hcomm_vars() {
+        let e = env(&[("HCOMM_RANK", "2"), ("HCOMM_SIZE", "4"), ("HCOMM_ADDR", "10.0.0.1:29500"), ("HCOMM_JOB_ID", "j")]).unwrap();
+        assert_eq!((e.rank, e.size, e.addr.as_str(), e.job_id.as_str(), e.launcher), (2, 4, "10.0.0.1:29500", "j", "hcomm"));
+    }
+
+    #[test]
+    fn openmpi_single_host_derives_address() {
+        let vars = [
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "1995177985"),
+        ];
+        let a = env(&vars).unwrap();
+        assert_eq!(a.launcher, "openmpi");
+        assert!(a.addr.starts_with("127.0.0.1:"));
+        // Every rank of the job derives the same address.
+        let mut other = vars;
+        other[0].1 = "3";
+        assert_eq!(env(&other).unwrap().addr, a.addr);
+        // Across hosts, no guess.
+        let mut multi = vars;
+        multi[2].1 = "2";
+        let e = env(&multi).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_ADDR"), "{e}");
+    }
+
+    #[test]
+    fn torchrun_and_slurm() {
+        let t = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "node1"), ("MASTER_PORT", "29500")]).unwrap();
+        assert_eq!((t.addr.as_str(), t.launcher), ("node1:29500", "torchrun"));
+        let s = env(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8"), ("SLURM_STEP_NUM_NODES", "1"), ("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")]).unwrap();
+        assert_eq!((s.rank, s.size, s.job_id.as_str()), (3, 8, "77.0"));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (vars, needle) in [
+            (&[("HCOMM_RANK", "x"), ("HCOMM_SIZE", "2")][..], "HCOMM_RANK=\"x\""),
+            (&[("HCOMM_RANK", "0")][..], "HCOMM_SIZE is not"),
+            (&[("HCOMM_RANK", "4"), ("HCOMM_SIZE", "4"), ("HCOMM_ADDR", "h:1")][..], "not below"),
+            (&[("HCOMM_RANK", "0"), ("HCOMM_SIZE", "0")][..], "at least one"),
+            (&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")][..], "MASTER_PORT"),
+            (&[][..], "no launcher environment"),
+        ] {
+            let e = env(vars).unwrap_err();
+            assert!(e.to_string().contains(needle), "{e} lacks {needle}");
+            assert_eq!(e.kind(), hcomm_core::ErrorKind::Config);
+        }
+    }
+}

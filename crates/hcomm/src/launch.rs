@@ -1,0 +1,160 @@
+//! `hcomm run`: starts N ranks of a program on this host with the environment that
+//! [`crate::init`] reads, prefixes their output with the rank, and stops every rank
+//! when one fails.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::{ExitStatus, Stdio};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use hcomm_core::{Error, Result};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+use tokio::sync::watch;
+
+/// What to launch.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// Number of ranks.
+    pub ranks: usize,
+    pub program: OsString,
+    pub args: Vec<OsString>,
+    /// Prefix each output line with `[rank]`.
+    pub prefix: bool,
+    /// Extra environment for every rank.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// How a launch ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Exit code to return: 0 if every rank succeeded, else the first failed rank's
+    /// code (128 + signal number for a signal).
+    pub code: i32,
+    /// The first rank that failed, if any.
+    pub failed_rank: Option<usize>,
+}
+
+fn code_of(st: &ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().or_else(|| st.signal().map(|s| 128 + s)).unwrap_or(1)
+}
+
+async fn pump(r: usize, width: usize, prefix: bool, src: impl AsyncRead + Unpin, to_stderr: bool) {
+    let mut rd = BufReader::new(src);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match rd.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if !line.ends_with(b"\n") {
+            line.push(b'\n');
+        }
+        let head = if prefix { format!("[{r:>width$}] ") } else { String::new() };
+        let res = if to_stderr {
+            let mut o = std::io::stderr().lock();
+            o.write_all(head.as_bytes()).and_then(|_| o.write_all(&line))
+        } else {
+            let mut o = std::io::stdout().lock();
+            o.write_all(head.as_bytes()).and_then(|_| o.write_all(&line)).and_then(|_| o.flush())
+        };
+        if res.is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs the job to the end. Must run inside a tokio runtime.
+///
+/// # Errors
+/// A configuration error if `ranks` is 0 or the program cannot be started.
+///
+/// # Cancel safety
+/// Dropping the future kills every rank (they are started with `kill_on_drop`).
+pub async fn run(l: Launch) -> Result<Outcome> {
+    if l.ranks == 0 {
+        return Err(Error::config("hcomm run needs at least one rank (-n 1 or more)"));
+    }
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("picking a rendezvous port", e))?;
+        probe.local_addr().map_err(|e| Error::io("picking a rendezvous port", e))?.port()
+    };
+    let job = format!("run-{:016x}", rand::random::<u64>());
+    let width = (l.ranks - 1).to_string().len();
+    let (kill_tx, kill_rx) = watch::channel(false);
+    let mut waits = FuturesUnordered::new();
+    let mut pumps = Vec::new();
+    for r in 0..l.ranks {
+        let mut cmd = Command::new(&l.program);
+        cmd.args(&l.args)
+            .env("HCOMM_RANK", r.to_string())
+            .env("HCOMM_SIZE", l.ranks.to_string())
+            .env("HCOMM_LOCAL_RANK", r.to_string())
+            .env("HCOMM_ADDR", format!("127.0.0.1:{port}"))
+            .env("HCOMM_JOB_ID", &job)
+            .envs(l.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = kill_tx.send(true);
+                return Err(Error::config(format!("could not start {:?}: {e}", l.program)));
+            }
+        };
+        if let Some(o) = child.stdout.take() {
+            pumps.push(tokio::spawn(pump(r, width, l.prefix, o, false)));
+        }
+        if let Some(e) = child.stderr.take() {
+            pumps.push(tokio::spawn(pump(r, width, l.prefix, e, true)));
+        }
+        let mut kill = kill_rx.clone();
+        waits.push(tokio::spawn(async move {
+            tokio::select! {
+                st = child.wait() => (r, st),
+                () = async { let _ = kill.wait_for(|k| *k).await; } => {
+                    let _ = child.start_kill();
+                    (r, child.wait().await)
+                }
+            }
+        }));
+    }
+    let mut outcome = Outcome { code: 0, failed_rank: None };
+    let mut interrupted = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while !waits.is_empty() {
+        tokio::select! {
+            Some(done) = waits.next() => {
+                let Ok((r, st)) = done else { continue };
+                let failed = match &st {
+                    Ok(s) if s.success() => None,
+                    Ok(s) => Some(code_of(s)),
+                    Err(_) => Some(1),
+                };
+                if let (Some(code), None) = (failed, outcome.failed_rank) {
+                    if !*kill_tx.borrow() {
+                        let how = st.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                        eprintln!("hcomm run: rank {r} failed ({how}); stopping the other ranks");
+                        outcome = Outcome { code, failed_rank: Some(r) };
+                        let _ = kill_tx.send(true);
+                    }
+                }
+            }
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                eprintln!("hcomm run: interrupted; stopping every rank");
+                outcome.code = 130;
+                let _ = kill_tx.send(true);
+            }
+        }
+    }
+    for p in pumps {
+        let _ = p.await;
+    }
+    Ok(outcome)
+}

@@ -1,0 +1,250 @@
+//! The rendezvous store: a small key-value server that rank 0 runs during bootstrap,
+//! through which ranks exchange their addresses.
+//!
+//! Messages are length-prefixed JSON (a `u32` little-endian length, at most
+//! [`MAX_MESSAGE`] bytes). A client starts with a hello naming the job and its rank;
+//! a connection whose hello is missing, malformed, late or for another job is closed
+//! and logged, and the store carries on. A waiting get answers with the keys still
+//! missing when its wait runs out, so that a bootstrap failure can name the ranks that
+//! never arrived.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hcomm_core::{Error, ErrorKind, OpKind, Result};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::{timeout, Instant};
+
+/// Largest store message.
+pub const MAX_MESSAGE: u32 = 1 << 20;
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Request {
+    Hello { job: u64, rank: usize, size: usize },
+    Set { key: String, value: String },
+    Get { keys: Vec<String>, wait_ms: u64 },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Response {
+    Ok,
+    Values(Vec<String>),
+    Missing(Vec<String>),
+    Refused(String),
+}
+
+fn boot(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Bootstrap, msg).in_op(OpKind::Bootstrap, None)
+}
+
+async fn write_msg<M: Serialize>(s: &mut TcpStream, m: &M) -> std::io::Result<()> {
+    let body = serde_json::to_vec(m).map_err(std::io::Error::other)?;
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    s.write_all(&out).await
+}
+
+async fn read_msg<M: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> std::io::Result<M> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_MESSAGE {
+        return Err(std::io::Error::other(format!("store message of {len} bytes exceeds {MAX_MESSAGE}")));
+    }
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body).await?;
+    serde_json::from_slice(&body).map_err(std::io::Error::other)
+}
+
+#[derive(Default)]
+struct State {
+    map: parking_lot::Mutex<HashMap<String, String>>,
+    changed: Notify,
+}
+
+/// A running store; dropping it stops the server.
+#[derive(Debug)]
+pub struct StoreServer {
+    addr: SocketAddr,
+    task: AbortHandle,
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl StoreServer {
+    /// Serves a store for job `job` of `size` ranks on `bind` (port 0 picks one).
+    /// Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// A bootstrap error if the address cannot be bound.
+    pub async fn start(bind: SocketAddr, job: u64, size: usize) -> Result<StoreServer> {
+        let listener = TcpListener::bind(bind)
+            .await
+            .map_err(|e| boot(format!("rank 0 could not serve the rendezvous store on {bind}")).with_source(e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io("store address", e))?;
+        let state = Arc::new(State::default());
+        let task = tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((s, from)) => {
+                        let state = state.clone();
+                        tokio::spawn(async move {
+                            if let Err(why) = serve(s, &state, job, size).await {
+                                tracing::warn!(%from, "rendezvous store closed a connection: {why}");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rendezvous store accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        });
+        Ok(StoreServer { addr, task: task.abort_handle() })
+    }
+
+    /// The address the store listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+async fn serve(mut s: TcpStream, state: &State, job: u64, size: usize) -> std::result::Result<(), String> {
+    match timeout(HELLO_TIMEOUT, read_msg::<Request>(&mut s)).await {
+        Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
+        Ok(Err(e)) => return Err(format!("bad hello: {e}")),
+        Ok(Ok(Request::Hello { job: j, rank, size: n })) if j == job && n == size && rank < size => {}
+        Ok(Ok(other)) => {
+            let why = format!("hello does not match this job ({other:?})");
+            let _ = write_msg(&mut s, &Response::Refused(why.clone())).await;
+            return Err(why);
+        }
+    }
+    write_msg(&mut s, &Response::Ok).await.map_err(|e| e.to_string())?;
+    loop {
+        let req = match read_msg::<Request>(&mut s).await {
+            Ok(r) => r,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("bad request: {e}")),
+        };
+        let resp = match req {
+            Request::Hello { .. } => Response::Refused(String::from("second hello")),
+            Request::Set { key, value } => {
+                state.map.lock().insert(key, value);
+                state.changed.notify_waiters();
+                Response::Ok
+            }
+            Request::Get { keys, wait_ms } => {
+                let deadline = Instant::now() + Duration::from_millis(wait_ms);
+                loop {
+                    let notified = state.changed.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    let (values, missing) = {
+                        let map = state.map.lock();
+                        let missing: Vec<String> = keys.iter().filter(|k| !map.contains_key(*k)).cloned().collect();
+                        let values: Vec<String> = keys.iter().filter_map(|k| map.get(k).cloned()).collect();
+                        (values, missing)
+                    };
+                    if missing.is_empty() {
+                        break Response::Values(values);
+                    }
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        break Response::Missing(missing);
+                    }
+                }
+            }
+        };
+        write_msg(&mut s, &resp).await.map_err(|e| e.to_string())?;
+    }
+}
+
+/// A connection to the store.
+#[derive(Debug)]
+pub struct StoreClient {
+    stream: TcpStream,
+    addr: String,
+}
+
+impl StoreClient {
+    /// Connects to the store at `addr`, retrying until `deadline` (rank 0 may not be
+    /// up yet), and says hello.
+    ///
+    /// # Errors
+    /// A bootstrap error if no store answered before the deadline, or it refused us.
+    pub async fn connect(addr: &str, job: u64, rank: usize, size: usize, deadline: Instant) -> Result<StoreClient> {
+        let mut delay = Duration::from_millis(10);
+        let mut last = String::from("no attempt");
+        while Instant::now() < deadline {
+            match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+                Ok(Ok(mut s)) => {
+                    let _ = s.set_nodelay(true);
+                    write_msg(&mut s, &Request::Hello { job, rank, size }).await.map_err(|e| Error::io("store hello", e))?;
+                    return match timeout(HELLO_TIMEOUT, read_msg::<Response>(&mut s)).await {
+                        Ok(Ok(Response::Ok)) => Ok(StoreClient { stream: s, addr: addr.to_owned() }),
+                        Ok(Ok(Response::Refused(why))) => Err(boot(format!("the rendezvous store at {addr} refused rank {rank}: {why}"))),
+                        Ok(Ok(other)) => Err(boot(format!("unexpected store reply {other:?}"))),
+                        Ok(Err(e)) => Err(boot(format!("the rendezvous store at {addr} failed the hello")).with_source(e)),
+                        Err(_) => Err(boot(format!("the rendezvous store at {addr} did not answer the hello"))),
+                    };
+                }
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => break,
+            }
+            tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+        Err(boot(format!("could not reach the rendezvous store at {addr} (rank 0 serves it): {last}")))
+    }
+
+    /// The address of the local end of the store connection: the interface through
+    /// which this host reaches rank 0.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.stream.local_addr().map_err(|e| Error::io("store connection address", e))
+    }
+
+    async fn call(&mut self, req: &Request) -> Result<Response> {
+        write_msg(&mut self.stream, req)
+            .await
+            .map_err(|e| boot(format!("lost the rendezvous store at {}", self.addr)).with_source(e))?;
+        read_msg(&mut self.stream).await.map_err(|e| boot(format!("lost the rendezvous store at {}", self.addr)).with_source(e))
+    }
+
+    /// Stores `value` under `key`.
+    ///
+    /// # Errors
+    /// A bootstrap error if the store connection fails.
+    pub async fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match self.call(&Request::Set { key: key.to_owned(), value: value.to_owned() }).await? {
+            Response::Ok => Ok(()),
+            other => Err(boot(format!("unexpected store reply {other:?}"))),
+        }
+    }
+
+    /// The values of `keys`, waiting up to `wait` for all of them. `Err(missing)` lists
+    /// the keys that were still missing when the wait ran out.
+    ///
+    /// # Errors
+    /// A bootstrap error if the store connection fails.
+    pub async fn get(&mut self, keys: &[String], wait: Duration) -> Result<std::result::Result<Vec<String>, Vec<String>>> {
+        let req = Request::Get { keys: keys.to_vec(), wait_ms: wait.as_millis() as u64 };
+        match self.call(&req).await? {
+            Response::Values(v) => Ok(Ok(v)),
+            Response::Missing(m) => Ok(Err(m)),
+            other => Err(boot(format!("unexpected store reply {other:?}"))),
+        }
+    }
+}
