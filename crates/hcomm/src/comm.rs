@@ -167,7 +167,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Cancel safety
     /// The message is queued when this method is called; dropping the future does not
     /// withdraw it.
-    pub fn send<E: Element>(&self, dst: usize, tag: Tag, data: &[E]) -> impl Future<Output = Result<()>> + '_ {
+    pub fn send<'c, E: Element>(&'c self, dst: usize, tag: Tag, data: &[E]) -> impl Future<Output = Result<()>> + use<'c, T, E> {
         let payload = Bytes::copy_from_slice(bytemuck::cast_slice(data));
         let sig = Signature { op: OpKind::Send, dtype: Some(E::DTYPE), reduce: None, count: data.len() as u64, root: None };
         self.send_payload(dst, tag, sig, payload)
@@ -266,14 +266,14 @@ impl<T: LocalTransport> Communicator<T> {
     ///
     /// # Cancel safety
     /// As [`Communicator::send`] and [`Communicator::recv`].
-    pub fn sendrecv<E: Element>(
-        &self,
+    pub fn sendrecv<'c, E: Element>(
+        &'c self,
         dst: usize,
         send_tag: Tag,
         data: &[E],
         src: usize,
         recv_tag: Tag,
-    ) -> impl Future<Output = Result<Vec<E>>> + '_ {
+    ) -> impl Future<Output = Result<Vec<E>>> + use<'c, T, E> {
         let recv = self.recv::<E>(src, recv_tag);
         let send = self.send(dst, send_tag, data);
         async move { futures::try_join!(send, recv).map(|(_, v)| v) }

@@ -1,0 +1,228 @@
+//! Allreduce over the in-process transport: the full matrix of rank counts, sizes,
+//! element types and operators, plus concurrency, errors and cancellation.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::future::join_all;
+use hcomm::ReduceOp;
+
+#[tokio::test(flavor = "current_thread")]
+async fn matrix_ranks_1_to_8_and_11_and_16() {
+    for n in (1..=8).chain([11, 16]) {
+        let comms = hcomm::local(n);
+        matrix(&comms, SIZES).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn large_buffers_use_pipelined_columns() {
+    for (n, count) in [(3usize, 3_000_017usize), (4, 1 << 21), (5, 999_983)] {
+        let comms = hcomm::local(n);
+        check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, 7).await;
+        check_allreduce::<_, i64>(&comms, count / 2, ReduceOp::BXor, 8).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn hundred_allreduces_in_flight_on_one_communicator() {
+    let n = 4;
+    let comms = hcomm::local(n);
+    let sizes: Vec<usize> = (0..100).map(|i| [0, 1, 17, 1000, 65_537, 300_001][i % 6] + i).collect();
+    let inputs: Vec<Vec<Vec<f64>>> = sizes.iter().enumerate().map(|(i, &s)| inputs::<f64>(n, s, ReduceOp::Sum, i as u64)).collect();
+    // bufs[rank][op]
+    let mut bufs: Vec<Vec<Vec<f64>>> = (0..n).map(|r| inputs.iter().map(|per_op| per_op[r].clone()).collect()).collect();
+    let all = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, mine)| {
+        join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum)))
+    }))
+    .await;
+    for per_rank in all {
+        for r in per_rank {
+            r.unwrap();
+        }
+    }
+    for (i, per_op) in inputs.iter().enumerate() {
+        for (r, rank_bufs) in bufs.iter().enumerate() {
+            check_against_reference(per_op, ReduceOp::Sum, &rank_bufs[i], &format!("op {i} on rank {r}"));
+        }
+    }
+    assert_eq!(comms[0].collectives_called(), 100);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn mismatched_length_fails_on_every_rank_then_recovers() {
+    let n = 4;
+    let mut comms = hcomm::local(n);
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(20)));
+    let mut bufs: Vec<Vec<f32>> = (0..n).map(|r| vec![1.0; if r == 2 { 1001 } else { 1000 }]).collect();
+    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum))).await;
+    for (r, res) in res.into_iter().enumerate() {
+        let e = res.expect_err("a mismatched allreduce must fail");
+        assert!(e.is_mismatch(), "rank {r}: {e}");
+        assert_eq!(e.rank(), Some(r), "{e}");
+        assert_eq!(e.seq(), Some(1), "{e}");
+        assert!(e.to_string().contains("count=1001"), "rank {r}: {e}");
+    }
+    // The communicator is still good for the next operation.
+    check_allreduce::<_, f32>(&comms, 1000, ReduceOp::Sum, 3).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn mismatched_dtype_or_op_fails_on_every_rank() {
+    let comms = hcomm::local(3);
+    let mut a = vec![1.0f32; 10];
+    let mut b = vec![1.0f32; 10];
+    let mut c = vec![1i32; 10];
+    let (ra, rb, rc) = futures::join!(
+        comms[0].all_reduce(&mut a, ReduceOp::Sum),
+        comms[1].all_reduce(&mut b, ReduceOp::Max),
+        comms[2].all_reduce(&mut c, ReduceOp::Sum)
+    );
+    for (r, e) in [ra, rb, rc].into_iter().enumerate() {
+        let e = e.expect_err("must fail");
+        assert!(e.is_mismatch(), "rank {r}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn invalid_operator_is_rejected_on_every_rank() {
+    let comms = hcomm::local(3);
+    let mut ints: Vec<Vec<i32>> = vec![vec![1; 5]; 3];
+    let res = join_all(comms.iter().zip(ints.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Avg))).await;
+    for e in res {
+        assert!(e.unwrap_err().is_invalid_argument());
+    }
+    // One rank alone passing a bad operator: it gets invalid-argument, the others a
+    // clear error, nobody hangs.
+    let mut f: Vec<Vec<f32>> = vec![vec![1.0; 5]; 3];
+    let mut it = f.iter_mut();
+    let (b0, b1, b2) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let (r0, r1, r2) = futures::join!(
+        comms[0].all_reduce(b0, ReduceOp::BXor),
+        comms[1].all_reduce(b1, ReduceOp::BXor),
+        comms[2].all_reduce(b2, ReduceOp::BXor)
+    );
+    for e in [r0, r1, r2] {
+        assert!(e.unwrap_err().is_invalid_argument());
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_allreduce_aborts_on_peers_and_later_operations_work() {
+    let n = 3;
+    let comms = hcomm::local(n);
+    let mut bufs: Vec<Vec<f32>> = vec![vec![1.0; 100_000]; n];
+    {
+        // Rank 0 starts allreduce #1 and abandons it after one poll.
+        let mut f = Box::pin(comms[0].all_reduce(&mut bufs[0], ReduceOp::Sum));
+        assert!(futures::poll!(f.as_mut()).is_pending());
+    }
+    let (_, rest) = bufs.split_at_mut(1);
+    let res = join_all(comms[1..].iter().zip(rest.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum))).await;
+    for e in res {
+        let e = e.unwrap_err();
+        assert!(e.is_aborted(), "{e}");
+        assert_eq!(e.peer(), Some(0), "{e}");
+        assert!(e.to_string().contains("cancelled"), "{e}");
+    }
+    // Allreduce #2 is unaffected.
+    check_allreduce::<_, f32>(&comms, 100_000, ReduceOp::Sum, 11).await;
+    check_allreduce::<_, u16>(&comms, 77, ReduceOp::Max, 12).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn timeout_names_the_missing_rank() {
+    tokio::time::pause();
+    let mut comms = hcomm::local(3);
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(5)));
+    let mut a = vec![1.0f32; 10];
+    let mut b = vec![1.0f32; 10];
+    // Rank 2 never calls.
+    let (ra, rb) = futures::join!(comms[0].all_reduce(&mut a, ReduceOp::Sum), comms[1].all_reduce(&mut b, ReduceOp::Sum));
+    let ea = ra.unwrap_err();
+    let eb = rb.unwrap_err();
+    // Rank 1 waits on rank 0 (its left), rank 0 on rank 2: one times out naming rank 2;
+    // the other times out or is aborted by it.
+    let texts = [ea.to_string(), eb.to_string()];
+    assert!(texts.iter().any(|t| t.contains("ranks [2]")), "{texts:?}");
+    assert!(ea.is_timeout() || ea.is_aborted());
+    assert!(eb.is_timeout() || eb.is_aborted());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn barrier_holds_every_rank_until_all_entered() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for n in 1..=9 {
+        let comms = hcomm::local(n);
+        let entered = AtomicUsize::new(0);
+        join_all(comms.iter().map(|c| {
+            let entered = &entered;
+            async move {
+                tokio::time::sleep(Duration::from_millis((c.rank() * 7 % 5) as u64 * 3)).await;
+                entered.fetch_add(1, Ordering::SeqCst);
+                c.barrier().await.unwrap();
+                assert_eq!(entered.load(Ordering::SeqCst), n, "rank {} left the barrier early", c.rank());
+            }
+        }))
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn allgather_and_split() {
+    for n in 1..=8 {
+        let comms = hcomm::local(n);
+        let mut outs: Vec<Vec<u32>> = vec![vec![0; 3 * n]; n];
+        let ins: Vec<Vec<u32>> = (0..n).map(|r| vec![r as u32 * 10, r as u32 * 10 + 1, r as u32 * 10 + 2]).collect();
+        let res = join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_gather(i, o))).await;
+        res.into_iter().for_each(|r| r.unwrap());
+        let want: Vec<u32> = ins.concat();
+        assert!(outs.iter().all(|o| *o == want));
+
+        // Split into even and odd ranks, reversed by key; rank 0 opts out when n > 2.
+        let subs = join_all(comms.iter().map(|c| {
+            let color = if c.rank() == 0 && n > 2 { None } else { Some((c.rank() % 2) as u32) };
+            c.split(color, -(c.rank() as i64))
+        }))
+        .await;
+        let subs: Vec<Option<hcomm::Communicator<hcomm::MemTransport>>> = subs.into_iter().map(|s| s.unwrap()).collect();
+        for (r, s) in subs.iter().enumerate() {
+            match s {
+                None => assert!(r == 0 && n > 2),
+                Some(s) => {
+                    let members: Vec<usize> =
+                        (0..n).rev().filter(|&x| x % 2 == r % 2 && !(x == 0 && n > 2)).collect();
+                    assert_eq!(s.size(), members.len());
+                    assert_eq!(members[s.rank()], r);
+                }
+            }
+        }
+        // Each sub-communicator allreduces its own ranks' values, concurrently with a
+        // world allreduce, and point-to-point tags do not leak between them.
+        let mut sub_bufs: Vec<Vec<u64>> = (0..n).map(|r| vec![r as u64; 5]).collect();
+        let mut world_bufs: Vec<Vec<u64>> = (0..n).map(|r| vec![1u64 << r; 5]).collect();
+        join_all(subs.iter().zip(sub_bufs.iter_mut()).zip(comms.iter().zip(world_bufs.iter_mut())).map(
+            |((s, sb), (c, wb))| async move {
+                let w = c.all_reduce(wb, ReduceOp::BOr);
+                match s {
+                    Some(s) => {
+                        let (a, b) = futures::join!(s.all_reduce(sb, ReduceOp::Sum), w);
+                        a.unwrap();
+                        b.unwrap();
+                    }
+                    None => w.await.unwrap(),
+                }
+            },
+        ))
+        .await;
+        for r in 0..n {
+            assert_eq!(world_bufs[r], vec![(1u64 << n) - 1; 5]);
+            if subs[r].is_some() {
+                let want: u64 = (0..n).filter(|&x| x % 2 == r % 2 && !(x == 0 && n > 2)).map(|x| x as u64).sum();
+                assert_eq!(sub_bufs[r], vec![want; 5], "rank {r}");
+            }
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Shared test helpers: random data per element type, the sequential reference, and
+//! runners that drive every rank's future at once.
+#![allow(dead_code)]
+
+use futures::future::join_all;
+use hcomm::{bf16, f16, Communicator, DType, Element, LocalTransport, ReduceOp};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// An element type as the tests see it.
+pub trait TestElem: Element + Copy {
+    /// Machine epsilon of the type (0 for integers: results must be exact).
+    const EPS: f64;
+    fn random(rng: &mut StdRng, op: ReduceOp) -> Self;
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl TestElem for $t {
+            const EPS: f64 = 0.0;
+            fn random(rng: &mut StdRng, _op: ReduceOp) -> Self { rng.random() }
+            fn to_f64(self) -> f64 { self as f64 }
+        }
+    )*};
+}
+int_elem!(u8, i8, u16, i16, u32, i32, u64, i64);
+
+fn gen_f32(rng: &mut StdRng, op: ReduceOp) -> f32 {
+    match op {
+        // Products of up to 16 factors in [0.5, 1.5] stay in range.
+        ReduceOp::Prod => rng.random_range(0.5f32..1.5),
+        _ => rng.random_range(-1.0f32..1.0),
+    }
+}
+
+impl TestElem for f32 {
+    const EPS: f64 = f32::EPSILON as f64;
+    fn random(rng: &mut StdRng, op: ReduceOp) -> Self {
+        gen_f32(rng, op)
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl TestElem for f64 {
+    const EPS: f64 = f64::EPSILON;
+    fn random(rng: &mut StdRng, op: ReduceOp) -> Self {
+        gen_f32(rng, op) as f64 + rng.random_range(0.0..1e-9)
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+impl TestElem for f16 {
+    const EPS: f64 = 0.000_976_562_5; // 2^-10
+    fn random(rng: &mut StdRng, op: ReduceOp) -> Self {
+        f16::from_f32(gen_f32(rng, op))
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl TestElem for bf16 {
+    const EPS: f64 = 0.007_812_5; // 2^-7
+    fn random(rng: &mut StdRng, op: ReduceOp) -> Self {
+        bf16::from_f32(gen_f32(rng, op))
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+pub fn inputs<E: TestElem>(n: usize, count: usize, op: ReduceOp, seed: u64) -> Vec<Vec<E>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| (0..count).map(|_| E::random(&mut rng, op)).collect()).collect()
+}
+
+/// Checks `got` against the sequential reduction of `inputs`: integers exactly (with
+/// the same wrapping arithmetic), floats in f64 within `4 · eps · n · Σ|x|` (sums) or
+/// `4 · eps · n · Π|x|` (products); min and max exactly.
+pub fn check_against_reference<E: TestElem>(inputs: &[Vec<E>], op: ReduceOp, got: &[E], what: &str) {
+    let n = inputs.len();
+    assert_eq!(got.len(), inputs[0].len(), "{what}: length");
+    if !E::DTYPE.is_float() {
+        let mut want = inputs[0].clone();
+        for x in &inputs[1..] {
+            E::reduce(op, &mut want, x);
+        }
+        if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+            panic!("{what}: element {i} is {:?}, expected {:?}", got[i], want[i]);
+        }
+        return;
+    }
+    for i in 0..got.len() {
+        let xs = inputs.iter().map(|v| v[i].to_f64());
+        let (want, tol) = match op {
+            ReduceOp::Sum => (xs.clone().sum::<f64>(), xs.map(f64::abs).sum::<f64>()),
+            ReduceOp::Avg => (xs.clone().sum::<f64>() / n as f64, xs.map(f64::abs).sum::<f64>() / n as f64),
+            ReduceOp::Prod => {
+                let p = xs.clone().product::<f64>();
+                (p, p.abs())
+            }
+            ReduceOp::Min => (xs.fold(f64::INFINITY, f64::min), 0.0),
+            ReduceOp::Max => (xs.fold(f64::NEG_INFINITY, f64::max), 0.0),
+            _ => unreachable!("bitwise ops are not defined for floats"),
+        };
+        let tol = 4.0 * E::EPS * n as f64 * tol;
+        let g = got[i].to_f64();
+        assert!((g - want).abs() <= tol, "{what}: element {i} is {g}, expected {want} ± {tol}");
+    }
+}
+
+/// One allreduce of random data on every rank at once, checked against the reference
+/// and for bitwise equality across ranks.
+pub async fn check_allreduce<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], count: usize, op: ReduceOp, seed: u64) {
+    let n = comms.len();
+    let what = format!("allreduce n={n} count={count} {} {op} seed={seed} over {}", E::DTYPE, comms[0].transport_name());
+    let inputs = inputs::<E>(n, count, op, seed);
+    let mut bufs = inputs.clone();
+    let results = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, op))).await;
+    for (r, res) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("{what}: rank {r} failed: {e}"));
+    }
+    for (r, b) in bufs.iter().enumerate().skip(1) {
+        let (a, b): (&[u8], &[u8]) = (bytemuck::cast_slice(&bufs[0]), bytemuck::cast_slice(b));
+        assert!(a == b, "{what}: rank {r}'s result differs bitwise from rank 0's");
+    }
+    check_against_reference(&inputs, op, &bufs[0], &what);
+}
+
+/// Every element type that supports `op`.
+pub async fn check_all_types<T: LocalTransport>(comms: &[Communicator<T>], count: usize, op: ReduceOp, seed: u64) {
+    for d in DType::ALL {
+        if !op.supports(d) {
+            continue;
+        }
+        let s = seed ^ ((d as u64) << 32);
+        match d {
+            DType::U8 => check_allreduce::<T, u8>(comms, count, op, s).await,
+            DType::I8 => check_allreduce::<T, i8>(comms, count, op, s).await,
+            DType::U16 => check_allreduce::<T, u16>(comms, count, op, s).await,
+            DType::I16 => check_allreduce::<T, i16>(comms, count, op, s).await,
+            DType::U32 => check_allreduce::<T, u32>(comms, count, op, s).await,
+            DType::I32 => check_allreduce::<T, i32>(comms, count, op, s).await,
+            DType::U64 => check_allreduce::<T, u64>(comms, count, op, s).await,
+            DType::I64 => check_allreduce::<T, i64>(comms, count, op, s).await,
+            DType::F16 => check_allreduce::<T, f16>(comms, count, op, s).await,
+            DType::BF16 => check_allreduce::<T, bf16>(comms, count, op, s).await,
+            DType::F32 => check_allreduce::<T, f32>(comms, count, op, s).await,
+            DType::F64 => check_allreduce::<T, f64>(comms, count, op, s).await,
+        }
+    }
+}
+
+/// Sizes 0, 1, small primes, sizes not divisible by the rank count, and a few larger.
+pub const SIZES: &[usize] = &[0, 1, 2, 3, 5, 7, 13, 31, 64, 97, 257, 1000, 4099, 65_537];
+pub const NET_SIZES: &[usize] = &[0, 1, 7, 97, 1000, 4099, 65_537];
+
+/// The whole element type × operator matrix over `sizes`.
+pub async fn matrix<T: LocalTransport>(comms: &[Communicator<T>], sizes: &[usize]) {
+    for (i, &count) in sizes.iter().enumerate() {
+        for op in ReduceOp::ALL {
+            check_all_types(comms, count, op, (comms.len() as u64) << 48 | (i as u64) << 8 | op as u64).await;
+        }
+    }
+}
+
+/// Point-to-point: every rank sends `count` elements to every other rank (and
+/// itself) under two tags, and checks what it receives against what was sent.
+pub async fn p2p_all_pairs<T: LocalTransport>(comms: &[Communicator<T>], count: usize, seed: u64) {
+    let n = comms.len();
+    let data = |from: usize, to: usize, tag: u32| -> Vec<u64> {
+        let mut rng = StdRng::seed_from_u64(seed ^ ((from * 1000 + to) as u64) << 16 ^ tag as u64);
+        (0..count).map(|_| rng.random()).collect()
+    };
+    let results = join_all(comms.iter().map(|c| async move {
+        let r = c.rank();
+        let recvs = join_all((0..n).flat_map(|src| [(src, 1u32), (src, 2u32)]).map(|(src, tag)| async move {
+            (src, tag, c.recv::<u64>(src, tag).await)
+        }));
+        let sends = join_all((0..n).flat_map(|dst| [(dst, 2u32), (dst, 1u32)]).map(|(dst, tag)| {
+            let d = data(r, dst, tag);
+            async move { c.send(dst, tag, &d).await }
+        }));
+        let (got, sent) = futures::join!(recvs, sends);
+        for s in sent {
+            s.unwrap_or_else(|e| panic!("rank {r} send failed: {e}"));
+        }
+        for (src, tag, g) in got {
+            let g = g.unwrap_or_else(|e| panic!("rank {r} recv from {src} failed: {e}"));
+            assert!(g == data(src, r, tag), "rank {r}: message from {src} tag {tag} ({count} elements) corrupted");
+        }
+    }))
+    .await;
+    assert_eq!(results.len(), n);
+}

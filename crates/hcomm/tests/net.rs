@@ -1,0 +1,92 @@
+//! The allreduce matrix, point-to-point and concurrency over real sockets: loopback TCP
+//! with tokio, and loopback TCP driven by io_uring. Ranks are tasks of this process,
+//! each with its own connections.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::future::join_all;
+use hcomm::{Communicator, LocalTransport, ReduceOp};
+
+async fn suite<T: LocalTransport>(comms: &[Communicator<T>]) {
+    matrix(comms, NET_SIZES).await;
+    // Multi-fragment messages (fragments are 512 KiB) and pipelined columns.
+    check_allreduce::<T, f32>(comms, 1_500_007, ReduceOp::Sum, 99).await;
+    for count in [0, 1, 13, 100_003, 700_001] {
+        p2p_all_pairs(comms, count, count as u64).await;
+    }
+}
+
+async fn in_flight<T: LocalTransport>(comms: &[Communicator<T>]) {
+    let n = comms.len();
+    let sizes: Vec<usize> = (0..100).map(|i| [0, 3, 1000, 65_537, 200_003][i % 5] + i).collect();
+    let inputs: Vec<Vec<Vec<i64>>> = sizes.iter().enumerate().map(|(i, &s)| inputs::<i64>(n, s, ReduceOp::Sum, i as u64)).collect();
+    let mut bufs: Vec<Vec<Vec<i64>>> = (0..n).map(|r| inputs.iter().map(|per| per[r].clone()).collect()).collect();
+    let all = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, mine)| join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum))))).await;
+    all.into_iter().flatten().for_each(|r| r.unwrap());
+    for (i, per) in inputs.iter().enumerate() {
+        for b in &bufs {
+            check_against_reference(per, ReduceOp::Sum, &b[i], &format!("in-flight op {i}"));
+        }
+    }
+}
+
+async fn mismatch<T: LocalTransport>(comms: &mut [Communicator<T>]) {
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(20)));
+    let n = comms.len();
+    let mut bufs: Vec<Vec<f64>> = (0..n).map(|r| vec![0.5; if r == n - 1 { 4096 } else { 4095 }]).collect();
+    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum))).await;
+    for (r, res) in res.into_iter().enumerate() {
+        let e = res.expect_err("mismatch must fail");
+        assert!(e.is_mismatch(), "rank {r}: {e}");
+    }
+    check_allreduce::<T, f64>(comms, 4095, ReduceOp::Sum, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_ranks_1_to_8() {
+    for n in 1..=8 {
+        let comms = hcomm::local_tcp(n).await.unwrap();
+        assert_eq!(comms[0].transport_name(), "tcp");
+        suite(&comms).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_in_flight_and_mismatch() {
+    let mut comms = hcomm::local_tcp(4).await.unwrap();
+    in_flight(&comms).await;
+    mismatch(&mut comms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_peer_that_closes_fails_pending_operations() {
+    let mut comms = hcomm::local_tcp(3).await.unwrap();
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
+    let gone = comms.pop().unwrap();
+    drop(gone);
+    let mut bufs = vec![vec![1.0f32; 1000]; 2];
+    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum))).await;
+    for e in res {
+        let e = e.unwrap_err();
+        assert!(e.is_peer_failed(), "{e}");
+        assert_eq!(e.peer(), Some(2), "{e}");
+    }
+}
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+#[test]
+fn uring_ranks_1_to_8_in_flight_and_mismatch() {
+    tokio_uring::start(async {
+        for n in 1..=8 {
+            let comms = hcomm::local_uring(n).await.unwrap();
+            assert_eq!(comms[0].transport_name(), "uring");
+            suite(&comms).await;
+        }
+        let mut comms = hcomm::local_uring(4).await.unwrap();
+        in_flight(&comms).await;
+        mismatch(&mut comms).await;
+    });
+}
