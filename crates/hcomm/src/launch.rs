@@ -10,6 +10,9 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use hcomm_core::{Error, Result};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// What to launch.
@@ -33,6 +36,17 @@ pub struct Outcome {
     pub code: i32,
     /// The first rank that failed, if any.
     pub failed_rank: Option<usize>,
+}
+
+/// How long a rank may take to exit after SIGTERM before its group gets SIGKILL.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// Signals every process of a rank's process group (the rank and anything it started,
+/// which may hold its output pipes open).
+fn signal_group(pid: Option<u32>, sig: Signal) {
+    if let Some(pid) = pid {
+        let _ = killpg(Pid::from_raw(pid as i32), sig);
+    }
 }
 
 fn code_of(st: &ExitStatus) -> i32 {
@@ -86,6 +100,7 @@ pub async fn run(l: Launch) -> Result<Outcome> {
     let (kill_tx, kill_rx) = watch::channel(false);
     let mut waits = FuturesUnordered::new();
     let mut pumps = Vec::new();
+    let mut pids = Vec::new();
     for r in 0..l.ranks {
         let mut cmd = Command::new(&l.program);
         cmd.args(&l.args)
@@ -98,6 +113,7 @@ pub async fn run(l: Launch) -> Result<Outcome> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
@@ -113,12 +129,20 @@ pub async fn run(l: Launch) -> Result<Outcome> {
             pumps.push(tokio::spawn(pump(r, width, l.prefix, e, true)));
         }
         let mut kill = kill_rx.clone();
+        let pid = child.id();
+        pids.push(pid);
         waits.push(tokio::spawn(async move {
             tokio::select! {
                 st = child.wait() => (r, st),
                 () = async { let _ = kill.wait_for(|k| *k).await; } => {
-                    let _ = child.start_kill();
-                    (r, child.wait().await)
+                    signal_group(pid, Signal::SIGTERM);
+                    match tokio::time::timeout(GRACE, child.wait()).await {
+                        Ok(st) => (r, st),
+                        Err(_) => {
+                            signal_group(pid, Signal::SIGKILL);
+                            (r, child.wait().await)
+                        }
+                    }
                 }
             }
         }));
@@ -153,8 +177,13 @@ pub async fn run(l: Launch) -> Result<Outcome> {
             }
         }
     }
-    for p in pumps {
-        let _ = p.await;
+    if outcome.code != 0 {
+        // Whatever the ranks started goes with them.
+        pids.iter().for_each(|&p| signal_group(p, Signal::SIGKILL));
     }
+    // Drain the output the ranks left; a pipe held open by a stray process does not
+    // hold the launcher.
+    let drain = futures::future::join_all(pumps);
+    let _ = tokio::time::timeout(GRACE, drain).await;
     Ok(outcome)
 }

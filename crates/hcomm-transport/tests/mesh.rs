@@ -1,0 +1,96 @@
+//! Mesh setup refuses strangers without disturbing the job, and the stream transport
+//! carries messages over the connections it made.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hcomm_core::{Header, MatchKey, OpKind, Signature, Transport};
+use hcomm_transport::{connect_mesh, MeshOptions, StreamOptions, StreamTransport};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+async fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
+    let mut ls = Vec::new();
+    for _ in 0..n {
+        ls.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    (ls, addrs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_are_refused_and_the_mesh_completes() {
+    let n = 4;
+    let (ls, addrs) = listeners(n).await;
+    let opts = MeshOptions { job: 42, timeout: Duration::from_secs(20), handshake_timeout: Duration::from_millis(500) };
+
+    // Before any rank runs: random bytes, a connection that says nothing, a hello for
+    // another job, and one claiming to be rank 0 connecting to rank 0.
+    let mut strangers = Vec::new();
+    for (i, a) in addrs.iter().enumerate() {
+        let mut s = TcpStream::connect(a).await.unwrap();
+        match i % 4 {
+            0 => s.write_all(&rand::random::<[u8; 32]>()).await.unwrap(),
+            1 => {}
+            2 => {
+                let mut hello = [0u8; 32];
+                hello[0..4].copy_from_slice(b"HCMH");
+                hello[4] = 1;
+                hello[5] = 1;
+                hello[8..16].copy_from_slice(&7u64.to_le_bytes());
+                s.write_all(&hello).await.unwrap();
+            }
+            _ => s.write_all(&[0u8; 5]).await.unwrap(),
+        }
+        strangers.push(s);
+    }
+
+    let meshes = futures::future::join_all(ls.into_iter().enumerate().map(|(r, l)| {
+        let addrs = addrs.clone();
+        let opts = opts.clone();
+        async move { connect_mesh(r, n, l, &addrs, &opts).await }
+    }))
+    .await;
+    let transports: Vec<StreamTransport> = meshes
+        .into_iter()
+        .enumerate()
+        .map(|(r, m)| StreamTransport::tokio(r, m.unwrap(), &StreamOptions { fragment: 1000 }))
+        .collect();
+
+    // Every pair exchanges a multi-fragment message.
+    let sig = Signature::bare(OpKind::Send, 0);
+    let mut recvs = Vec::new();
+    for (r, t) in transports.iter().enumerate() {
+        for p in 0..n {
+            let payload = Bytes::from(vec![(r * 16 + p) as u8; 5000]);
+            t.send(p, Header::data(r, 0, 0, 3, &sig, payload.len()), payload).await.unwrap();
+            recvs.push((r, p));
+        }
+    }
+    for (src, dst) in recvs {
+        let f = transports[dst].mailbox().recv(MatchKey { src, comm: 0, seq: 0, tag: 3 }).await.unwrap();
+        assert_eq!(f.payload, Bytes::from(vec![(src * 16 + dst) as u8; 5000]));
+    }
+    drop(strangers);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_rank_that_never_comes_is_named() {
+    let (mut ls, mut addrs) = listeners(3).await;
+    // Rank 2 never runs; its address points at a port nobody serves.
+    drop(ls.pop());
+    addrs[2] = "127.0.0.1:9".parse().unwrap();
+    let opts = MeshOptions { job: 1, timeout: Duration::from_millis(800), handshake_timeout: Duration::from_millis(200) };
+    let ls: Vec<TcpListener> = ls;
+    let res = futures::future::join_all(ls.into_iter().enumerate().map(|(r, l)| {
+        let addrs = addrs.clone();
+        let opts = opts.clone();
+        async move { connect_mesh(r, 3, l, &addrs, &opts).await }
+    }))
+    .await;
+    for (r, m) in res.into_iter().enumerate() {
+        let e = m.err().unwrap_or_else(|| panic!("rank {r} must fail"));
+        assert!(e.to_string().contains("ranks 2 never connected") || e.peer() == Some(2), "rank {r}: {e}");
+    }
+}

@@ -1,0 +1,112 @@
+//! Bootstrap through the rendezvous store: strangers are refused while the job goes
+//! on, and ranks that never arrive are named.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::check_allreduce;
+use hcomm::store::StoreServer;
+use hcomm::{Config, ReduceOp};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn configs(n: usize, addr: SocketAddr, job: &str) -> Vec<Config> {
+    (0..n)
+        .map(|r| {
+            let mut c = Config::new(r, n, addr.to_string());
+            c.job_id = job.to_owned();
+            c.serve_store = false;
+            c.connect_timeout = Duration::from_secs(20);
+            c
+        })
+        .collect()
+}
+
+/// Sends junk of several kinds to `addr` and checks the other end hangs up (or never
+/// answers) rather than serving us.
+async fn pester(addr: SocketAddr) {
+    let junk: Vec<Vec<u8>> = vec![
+        rand::random::<[u8; 64]>().to_vec(),
+        (u32::MAX).to_le_bytes().to_vec(),
+        b"\x20\x00\x00\x00{\"Hello\":{\"job\":1,\"rank\":0,\"size\":3}}".to_vec(),
+        b"\x05\x00\x00\x00{{{{{".to_vec(),
+    ];
+    for j in junk {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&j).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        // Either a refusal and a close, or a close: never a served session.
+        let mut total = 0;
+        while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf[total..])).await {
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        let text = String::from_utf8_lossy(&buf[..total]);
+        assert!(total == 0 || text.contains("Refused"), "stranger got {text:?}");
+    }
+    // And one that connects and stalls.
+    let _stall = TcpStream::connect(addr).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_at_the_store_do_not_disturb_the_job() {
+    let job = "store-test";
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), hash(job), 3).await.unwrap();
+    let addr = store.addr();
+    let (comms, ()) = tokio::join!(futures::future::try_join_all(configs(3, addr, job).into_iter().map(Config::connect)), pester(addr));
+    let comms = comms.unwrap();
+    check_allreduce::<_, f32>(&comms, 10_007, ReduceOp::Sum, 1).await;
+    // While the job runs.
+    let (_, ()) = tokio::join!(check_allreduce::<_, i32>(&comms, 50_000, ReduceOp::Max, 2), pester(addr));
+}
+
+fn hash(job: &str) -> u64 {
+    // The same FNV-1a the bootstrap uses for job ids.
+    job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_that_never_arrive_are_named() {
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), hash("j"), 4).await.unwrap();
+    let cs = configs(4, store.addr(), "j");
+    // Ranks 1 and 3 never start.
+    let started: Vec<Config> = cs
+        .into_iter()
+        .filter(|c| c.rank % 2 == 0)
+        .map(|mut c| {
+            c.connect_timeout = Duration::from_secs(1);
+            c
+        })
+        .collect();
+    let res = futures::future::join_all(started.into_iter().map(Config::connect)).await;
+    for r in res {
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("ranks [1, 3] never reached the rendezvous store"), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn rank_zero_serves_the_store_and_a_busy_port_is_a_clear_error() {
+    // Rank 0 serving the store itself, with a second rank on the derived address.
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap();
+    drop(probe);
+    let mk = |r| {
+        let mut c = Config::new(r, 2, addr.to_string());
+        c.job_id = String::from("own-store");
+        c
+    };
+    let (a, b) = tokio::join!(mk(0).connect(), mk(1).connect());
+    let comms = vec![a.unwrap(), b.unwrap()];
+    check_allreduce::<_, u64>(&comms, 999, ReduceOp::Sum, 4).await;
+
+    // The port is now taken by rank 0's store: another job's rank 0 cannot serve there.
+    let mut c = mk(0);
+    c.connect_timeout = Duration::from_secs(1);
+    let e = c.connect().await.unwrap_err();
+    assert!(e.to_string().contains("could not serve the rendezvous store"), "{e}");
+}
