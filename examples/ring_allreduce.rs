@@ -93,7 +93,11 @@ fn report(n: usize, transport: &str, how: &str, args: &Args, times: &mut [Durati
     let bytes = (args.bytes / 4 * 4) as f64;
     let algbw = bytes / med / 1e9;
     let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
-    println!("ring allreduce: {n} ranks ({how}), transport {transport}, {} bytes f32 sum, {} iterations", bytes as u64, times.len());
+    println!(
+        "ring allreduce: {n} ranks ({how}), transport {transport}, {} bytes f32 sum, {} iterations",
+        bytes as u64,
+        times.len()
+    );
     println!(
         "  verified: every element of every rank equals the exact sum\n  time median {:.3} ms (min {:.3}, max {:.3})  algbw {algbw:.3} GB/s  busbw {busbw:.3} GB/s",
         med * 1e3,
@@ -117,12 +121,17 @@ fn as_rank(args: &Args) {
     };
     match args.transport {
         Kind::Tcp => {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap_or_else(|e| fail(e));
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| fail(e));
             rt.block_on(async { run(hcomm::init().await.unwrap_or_else(|e| fail(e))).await });
         }
         #[cfg(all(feature = "uring", target_os = "linux"))]
         Kind::Uring => tokio_uring::start(async {
-            let comm = hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_uring().await.unwrap_or_else(|e| fail(e));
+            let comm =
+                hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_uring().await.unwrap_or_else(|e| fail(e));
             run(comm).await
         }),
         #[cfg(not(all(feature = "uring", target_os = "linux")))]
@@ -132,7 +141,10 @@ fn as_rank(args: &Args) {
 }
 
 fn main() {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args = Args::parse();
     if args.ranks == 0 {
         fail("--ranks must be at least 1");

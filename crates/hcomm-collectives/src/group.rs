@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,7 +40,14 @@ impl<T: LocalTransport> Group<T> {
         Ok(Group::build(transport, comm, (0..size).collect(), me, topology, timeout))
     }
 
-    fn build(transport: Arc<T>, comm: u64, members: Vec<Rank>, me: usize, topology: Topology, timeout: Duration) -> Group<T> {
+    fn build(
+        transport: Arc<T>,
+        comm: u64,
+        members: Vec<Rank>,
+        me: usize,
+        topology: Topology,
+        timeout: Duration,
+    ) -> Group<T> {
         let ring = topology.ring_order().into();
         Group { transport, comm, members: members.into(), me, topology, ring, next_seq: AtomicU64::new(1), timeout }
     }

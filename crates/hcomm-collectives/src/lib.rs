@@ -73,7 +73,11 @@ fn carve<E>(buf: &mut [E], n: usize, m: usize) -> Vec<Vec<&mut [E]>> {
 /// # Errors
 /// Invalid operator for the element type; mismatched signatures; peer failure;
 /// timeout; abort by another rank.
-pub async fn ring_allreduce<T: LocalTransport, E: Element>(ctx: OpCtx<'_, T>, buf: &mut [E], op: ReduceOp) -> Result<()> {
+pub async fn ring_allreduce<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    buf: &mut [E],
+    op: ReduceOp,
+) -> Result<()> {
     let body = async {
         check_reduce_op::<E>(op)?;
         let n = ctx.size();
@@ -87,9 +91,12 @@ pub async fn ring_allreduce<T: LocalTransport, E: Element>(ctx: OpCtx<'_, T>, bu
         let m = seg_bytes.div_ceil(RING_CHUNK_BYTES).clamp(1, RING_MAX_COLUMNS);
         tracing::trace!(seq = ctx.seq(), n, count = buf.len(), columns = m, "ring allreduce");
         let ctx = &ctx;
-        try_join_all(carve(buf, n, m).into_iter().enumerate().map(|(c, pieces)| async move {
-            ring_column(ctx, pieces, c, pos, left, right, op).await
-        }))
+        try_join_all(
+            carve(buf, n, m)
+                .into_iter()
+                .enumerate()
+                .map(|(c, pieces)| async move { ring_column(ctx, pieces, c, pos, left, right, op).await }),
+        )
         .await?;
         Ok(())
     };
@@ -165,7 +172,11 @@ pub fn allgather_signature<E: Element>(count: usize) -> Signature {
 /// # Errors
 /// `recv` not `n` times the length of `send`; mismatched signatures; peer failure;
 /// timeout; abort by another rank.
-pub async fn ring_allgather<T: LocalTransport, E: Element>(ctx: OpCtx<'_, T>, send: &[E], recv: &mut [E]) -> Result<()> {
+pub async fn ring_allgather<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    send: &[E],
+    recv: &mut [E],
+) -> Result<()> {
     let body = async {
         let (n, c) = (ctx.size(), send.len());
         if recv.len() != n * c {

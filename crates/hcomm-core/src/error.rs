@@ -8,8 +8,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::op::OpKind;
 use crate::Rank;
+use crate::op::OpKind;
 
 /// The category of an [`Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -255,10 +255,7 @@ mod tests {
             .in_op(OpKind::AllReduce, Some(12))
             .at_rank(3);
         assert!(e.is_peer_failed());
-        assert_eq!(
-            e.to_string(),
-            "rank 3: allreduce #12: peer failed: connection reset (peer rank 2)"
-        );
+        assert_eq!(e.to_string(), "rank 3: allreduce #12: peer failed: connection reset (peer rank 2)");
         // Context is set once: the innermost wins.
         let e = e.at_rank(9).in_op(OpKind::Barrier, Some(1));
         assert_eq!(e.rank(), Some(3));

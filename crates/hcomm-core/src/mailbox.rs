@@ -18,9 +18,9 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::Rank;
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameKind, Header};
-use crate::Rank;
 
 /// A complete message: its (first fragment's) header and the whole payload.
 #[derive(Debug, Clone)]
@@ -174,7 +174,9 @@ impl Mailbox {
                 Ok(ready) => ready,
                 Err(rx) => match rx.await {
                     Ok(r) => r,
-                    Err(_) => Err(Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank)),
+                    Err(_) => {
+                        Err(Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank))
+                    }
                 },
             }
         }

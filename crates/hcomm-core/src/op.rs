@@ -37,9 +37,7 @@ impl OpKind {
 
     pub fn from_code(code: u8) -> Option<OpKind> {
         use OpKind::*;
-        [Send, Recv, Barrier, AllReduce, AllGather, Split, Bootstrap]
-            .into_iter()
-            .find(|k| *k as u8 == code)
+        [Send, Recv, Barrier, AllReduce, AllGather, Split, Bootstrap].into_iter().find(|k| *k as u8 == code)
     }
 }
 

@@ -20,10 +20,10 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::Rank;
 use crate::error::Result;
 use crate::mailbox::Mailbox;
 use crate::wire::Header;
-use crate::Rank;
 
 /// Moves frames between ranks. See the module documentation.
 #[trait_variant::make(Transport: Send)]

@@ -18,9 +18,9 @@
 
 use std::fmt;
 
+use crate::Rank;
 use crate::dtype::{DType, ReduceOp};
 use crate::op::{OpKind, Signature};
-use crate::Rank;
 
 pub const MAGIC: [u8; 4] = *b"HCMF";
 pub const VERSION: u8 = 1;

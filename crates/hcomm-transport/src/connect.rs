@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{Instant, timeout, timeout_at};
 
 const HELLO_MAGIC: [u8; 4] = *b"HCMH";
 const HELLO_LEN: usize = 32;
@@ -85,13 +85,21 @@ fn tune(stream: &TcpStream) {
 
 /// Connects to `peer` at `addr`, retrying until `deadline`, and completes the
 /// handshake.
-async fn dial(rank: Rank, size: usize, peer: Rank, addr: SocketAddr, opts: &MeshOptions, deadline: Instant) -> Result<TcpStream> {
+async fn dial(
+    rank: Rank,
+    size: usize,
+    peer: Rank,
+    addr: SocketAddr,
+    opts: &MeshOptions,
+    deadline: Instant,
+) -> Result<TcpStream> {
     let mut delay = Duration::from_millis(5);
     loop {
         let attempt = async {
             let mut s = TcpStream::connect(addr).await?;
             tune(&s);
-            let hello = Hello { kind: KIND_HELLO, job: opts.job, src: rank as u32, dst: peer as u32, size: size as u32 };
+            let hello =
+                Hello { kind: KIND_HELLO, job: opts.job, src: rank as u32, dst: peer as u32, size: size as u32 };
             s.write_all(&hello.encode()).await?;
             let mut b = [0u8; HELLO_LEN];
             timeout(opts.handshake_timeout, s.read_exact(&mut b))
@@ -111,15 +119,24 @@ async fn dial(rank: Rank, size: usize, peer: Rank, addr: SocketAddr, opts: &Mesh
                 delay = (delay * 2).min(Duration::from_millis(500));
             }
             Ok(Err(e)) => {
-                return Err(boot_err(rank, format!("could not connect to rank {peer} at {addr}")).with_peer(peer).with_source(e));
+                return Err(boot_err(rank, format!("could not connect to rank {peer} at {addr}"))
+                    .with_peer(peer)
+                    .with_source(e));
             }
-            Err(_) => return Err(boot_err(rank, format!("timed out connecting to rank {peer} at {addr}")).with_peer(peer)),
+            Err(_) => {
+                return Err(boot_err(rank, format!("timed out connecting to rank {peer} at {addr}")).with_peer(peer));
+            }
         }
     }
 }
 
 /// Reads and checks the handshake of an accepted connection; answers it.
-async fn greet(rank: Rank, size: usize, mut s: TcpStream, opts: &MeshOptions) -> std::result::Result<(Rank, TcpStream), String> {
+async fn greet(
+    rank: Rank,
+    size: usize,
+    mut s: TcpStream,
+    opts: &MeshOptions,
+) -> std::result::Result<(Rank, TcpStream), String> {
     let mut b = [0u8; HELLO_LEN];
     match timeout(opts.handshake_timeout, s.read_exact(&mut b)).await {
         Err(_) => return Err(format!("no handshake within {:?}", opts.handshake_timeout)),
@@ -167,7 +184,8 @@ pub async fn connect_mesh(
     }
     let deadline = Instant::now() + opts.timeout;
     let dials = futures::future::try_join_all(
-        (0..rank).map(|peer| async move { dial(rank, size, peer, addrs[peer], opts, deadline).await.map(|s| (peer, s)) }),
+        (0..rank)
+            .map(|peer| async move { dial(rank, size, peer, addrs[peer], opts, deadline).await.map(|s| (peer, s)) }),
     );
     let accepts = async {
         let mut missing: BTreeSet<Rank> = (rank + 1..size).collect();

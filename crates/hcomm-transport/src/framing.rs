@@ -7,7 +7,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use bytes::{Buf, Bytes, BytesMut};
-use hcomm_core::wire::{Header, HEADER_LEN, WireError};
+use hcomm_core::wire::{HEADER_LEN, Header, WireError};
 use hcomm_core::{Error, ErrorKind, Frame, Result};
 use tokio::sync::oneshot;
 
@@ -215,7 +215,10 @@ impl Assembler {
             }
             let h = Header::decode(&self.buf).map_err(|e: WireError| protocol(e.to_string()))?;
             if h.src != self.peer {
-                return Err(protocol(format!("frame claims source rank {} on the connection of rank {}", h.src, self.peer)));
+                return Err(protocol(format!(
+                    "frame claims source rank {} on the connection of rank {}",
+                    h.src, self.peer
+                )));
             }
             let n = h.frag_len as usize;
             if self.buf.len() < HEADER_LEN + n {

@@ -12,7 +12,7 @@ mod framing;
 mod mem;
 mod stream;
 
-pub use connect::{connect_mesh, MeshOptions};
+pub use connect::{MeshOptions, connect_mesh};
 pub use mem::MemTransport;
 pub use stream::{StreamOptions, StreamTransport};
 

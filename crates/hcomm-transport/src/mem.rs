@@ -3,8 +3,8 @@
 //! tests, and as the reference the other transports are compared against.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use hcomm_core::wire::FrameKind;

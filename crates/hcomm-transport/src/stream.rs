@@ -13,8 +13,8 @@
 //! from it fails with a peer-failed error naming it.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use hcomm_core::wire::FrameKind;
@@ -52,12 +52,17 @@ pub struct StreamTransport {
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
-    Error::new(ErrorKind::PeerFailed, format!("connection to rank {peer} broke while {what}")).with_peer(peer).with_source(e)
+    Error::new(ErrorKind::PeerFailed, format!("connection to rank {peer} broke while {what}"))
+        .with_peer(peer)
+        .with_source(e)
 }
 
 fn unannounced_eof(peer: Rank) -> Error {
-    Error::new(ErrorKind::PeerFailed, format!("rank {peer} closed the connection without a close frame (did the process die?)"))
-        .with_peer(peer)
+    Error::new(
+        ErrorKind::PeerFailed,
+        format!("rank {peer} closed the connection without a close frame (did the process die?)"),
+    )
+    .with_peer(peer)
 }
 
 /// Delivers every complete message in `asm`. `Ok(true)` once the peer's close frame
@@ -101,7 +106,11 @@ fn fail_queue(q: &mut WriteQueue, rx: &mut mpsc::UnboundedReceiver<Outgoing>, er
 }
 
 impl StreamTransport {
-    fn new(rank: Rank, size: usize, name: &'static str) -> (StreamTransport, Vec<Option<mpsc::UnboundedReceiver<Outgoing>>>) {
+    fn new(
+        rank: Rank,
+        size: usize,
+        name: &'static str,
+    ) -> (StreamTransport, Vec<Option<mpsc::UnboundedReceiver<Outgoing>>>) {
         let mut links = Vec::with_capacity(size);
         let mut rxs = Vec::with_capacity(size);
         for peer in 0..size {
@@ -158,7 +167,13 @@ impl StreamTransport {
         t
     }
 
-    fn enqueue(&self, peer: Rank, mut header: Header, payload: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Result<()> {
+    fn enqueue(
+        &self,
+        peer: Rank,
+        mut header: Header,
+        payload: Bytes,
+        done: Option<oneshot::Sender<Result<()>>>,
+    ) -> Result<()> {
         if peer >= self.size {
             return Err(Error::invalid(format!("peer rank {peer} out of range for {} ranks", self.size)));
         }
@@ -176,9 +191,9 @@ impl StreamTransport {
             return Err(e);
         }
         link.send(Outgoing { header, payload, done }).map_err(|_| {
-            self.mailbox.peer_failure(peer).unwrap_or_else(|| {
-                Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer)
-            })
+            self.mailbox
+                .peer_failure(peer)
+                .unwrap_or_else(|| Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer))
         })
     }
 }
@@ -207,7 +222,9 @@ impl Transport for StreamTransport {
         async move {
             queued?;
             rx.await.unwrap_or_else(|_| {
-                Err(Error::new(ErrorKind::Closed, "transport closed before the message was sent").at_rank(rank).with_peer(peer))
+                Err(Error::new(ErrorKind::Closed, "transport closed before the message was sent")
+                    .at_rank(rank)
+                    .with_peer(peer))
             })
         }
     }

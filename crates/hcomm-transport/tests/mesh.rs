@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hcomm_core::{Header, MatchKey, OpKind, Signature, Transport};
-use hcomm_transport::{connect_mesh, MeshOptions, StreamOptions, StreamTransport};
+use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -81,7 +81,8 @@ async fn a_rank_that_never_comes_is_named() {
     // Rank 2 never runs; its address points at a port nobody serves.
     drop(ls.pop());
     addrs[2] = "127.0.0.1:9".parse().unwrap();
-    let opts = MeshOptions { job: 1, timeout: Duration::from_millis(800), handshake_timeout: Duration::from_millis(200) };
+    let opts =
+        MeshOptions { job: 1, timeout: Duration::from_millis(800), handshake_timeout: Duration::from_millis(200) };
     let ls: Vec<TcpListener> = ls;
     let res = futures::future::join_all(ls.into_iter().enumerate().map(|(r, l)| {
         let addrs = addrs.clone();

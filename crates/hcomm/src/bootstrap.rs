@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use hcomm_collectives::Group;
 use hcomm_core::{Error, ErrorKind, OpKind, Result};
-use hcomm_topology::{host_identity, Topology};
-use hcomm_transport::{connect_mesh, MeshOptions, StreamOptions, StreamTransport};
+use hcomm_topology::{Topology, host_identity};
+use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::comm::{Communicator, Keep};
-use crate::env::{duration_var, LaunchEnv};
+use crate::env::{LaunchEnv, duration_var};
 use crate::store::{StoreClient, StoreServer};
 
 /// Default deadline of each operation (`HCOMM_TIMEOUT`).
@@ -132,9 +132,9 @@ impl Config {
     }
 
     async fn store_bind_addr(&self) -> Result<SocketAddr> {
-        let mut addrs = tokio::net::lookup_host(&self.addr)
-            .await
-            .map_err(|e| boot(self.rank, format!("cannot resolve the rendezvous address {:?}", self.addr)).with_source(e))?;
+        let mut addrs = tokio::net::lookup_host(&self.addr).await.map_err(|e| {
+            boot(self.rank, format!("cannot resolve the rendezvous address {:?}", self.addr)).with_source(e)
+        })?;
         let a = addrs.next().ok_or_else(|| boot(self.rank, format!("{:?} resolves to no address", self.addr)))?;
         // A loopback store stays on loopback; otherwise listen on every interface, as
         // the other ranks reach rank 0 by the name they were given.
@@ -150,16 +150,27 @@ impl Config {
         let job = job_hash(&self.job_id);
         let mut keep = Keep::default();
         if rank == 0 && self.serve_store {
-            keep.store = Some(StoreServer::start(self.store_bind_addr().await?, job, size).await.map_err(|e| e.at_rank(rank))?);
+            keep.store =
+                Some(StoreServer::start(self.store_bind_addr().await?, job, size).await.map_err(|e| e.at_rank(rank))?);
         }
-        let mut store = StoreClient::connect(&self.addr, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
+        let mut store =
+            StoreClient::connect(&self.addr, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
         let ip = store.local_addr()?.ip();
-        let listener = TcpListener::bind((ip, 0)).await.map_err(|e| Error::io(format!("binding a listener on {ip}"), e).at_rank(rank))?;
-        let me = RankInfo { addr: listener.local_addr().map_err(|e| Error::io("listener address", e))?, host: host_identity() };
+        let listener = TcpListener::bind((ip, 0))
+            .await
+            .map_err(|e| Error::io(format!("binding a listener on {ip}"), e).at_rank(rank))?;
+        let me = RankInfo {
+            addr: listener.local_addr().map_err(|e| Error::io("listener address", e))?,
+            host: host_identity(),
+        };
         let me = serde_json::to_string(&me).map_err(|e| boot(rank, e.to_string()))?;
         store.set(&format!("rank/{rank}"), &me).await.map_err(|e| e.at_rank(rank))?;
         let keys: Vec<String> = (0..size).map(|r| format!("rank/{r}")).collect();
-        let values = match store.get(&keys, deadline.saturating_duration_since(Instant::now())).await.map_err(|e| e.at_rank(rank))? {
+        let values = match store
+            .get(&keys, deadline.saturating_duration_since(Instant::now()))
+            .await
+            .map_err(|e| e.at_rank(rank))?
+        {
             Ok(v) => v,
             Err(missing) => {
                 let ranks: Vec<&str> = missing.iter().map(|k| k.trim_start_matches("rank/")).collect();
@@ -181,7 +192,8 @@ impl Config {
             .map_err(|e| boot(rank, format!("malformed rank entry in the store: {e}")))?;
         let addrs: Vec<SocketAddr> = infos.iter().map(|i| i.addr).collect();
         let hosts: Vec<String> = infos.into_iter().map(|i| i.host).collect();
-        let opts = MeshOptions { job, timeout: deadline.saturating_duration_since(Instant::now()), ..MeshOptions::default() };
+        let opts =
+            MeshOptions { job, timeout: deadline.saturating_duration_since(Instant::now()), ..MeshOptions::default() };
         let streams = connect_mesh(rank, size, listener, &addrs, &opts).await?;
         Ok((streams, hosts, keep))
     }

@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hcomm_collectives as coll;
 use hcomm_collectives::Group;
-use hcomm_core::{Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag};
+use hcomm_core::{
+    Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag,
+};
 use hcomm_topology::Topology;
 use hcomm_transport::StreamTransport;
 use tracing::Instrument;
@@ -92,7 +94,11 @@ impl<T: LocalTransport> Communicator<T> {
     /// The communicator stays usable: the dropped operation is aborted on every rank
     /// (their futures of it fail with an aborted error naming this rank), and later
     /// operations, which have other sequence numbers, are unaffected.
-    pub fn all_reduce<'a, E: Element>(&'a self, buf: &'a mut [E], op: ReduceOp) -> impl Future<Output = Result<()>> + 'a {
+    pub fn all_reduce<'a, E: Element>(
+        &'a self,
+        buf: &'a mut [E],
+        op: ReduceOp,
+    ) -> impl Future<Output = Result<()>> + 'a {
         let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op));
         let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = "ring");
         coll::ring_allreduce(ctx, buf, op).instrument(span)
@@ -121,9 +127,14 @@ impl<T: LocalTransport> Communicator<T> {
     ///
     /// # Cancel safety
     /// As [`Communicator::all_reduce`]: `recv` is left partly filled.
-    pub fn all_gather<'a, E: Element>(&'a self, send: &'a [E], recv: &'a mut [E]) -> impl Future<Output = Result<()>> + 'a {
+    pub fn all_gather<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+    ) -> impl Future<Output = Result<()>> + 'a {
         let ctx = self.group.begin(coll::allgather_signature::<E>(send.len()));
-        let span = tracing::debug_span!("allgather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, algo = "ring");
+        let span =
+            tracing::debug_span!("allgather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, algo = "ring");
         coll::ring_allgather(ctx, send, recv).instrument(span)
     }
 
@@ -167,13 +178,25 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Cancel safety
     /// The message is queued when this method is called; dropping the future does not
     /// withdraw it.
-    pub fn send<'c, E: Element>(&'c self, dst: usize, tag: Tag, data: &[E]) -> impl Future<Output = Result<()>> + use<'c, T, E> {
+    pub fn send<'c, E: Element>(
+        &'c self,
+        dst: usize,
+        tag: Tag,
+        data: &[E],
+    ) -> impl Future<Output = Result<()>> + use<'c, T, E> {
         let payload = Bytes::copy_from_slice(bytemuck::cast_slice(data));
-        let sig = Signature { op: OpKind::Send, dtype: Some(E::DTYPE), reduce: None, count: data.len() as u64, root: None };
+        let sig =
+            Signature { op: OpKind::Send, dtype: Some(E::DTYPE), reduce: None, count: data.len() as u64, root: None };
         self.send_payload(dst, tag, sig, payload)
     }
 
-    fn send_payload(&self, dst: usize, tag: Tag, sig: Signature, payload: Bytes) -> impl Future<Output = Result<()>> + '_ {
+    fn send_payload(
+        &self,
+        dst: usize,
+        tag: Tag,
+        sig: Signature,
+        payload: Bytes,
+    ) -> impl Future<Output = Result<()>> + '_ {
         let queued = self.check_peer(dst, OpKind::Send).map(|world| {
             let me = self.group.world_rank(self.rank());
             let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, payload.len());
@@ -196,7 +219,11 @@ impl<T: LocalTransport> Communicator<T> {
             let frame = self.group.p2p_deadline(OpKind::Recv, src, fut).await?;
             let dtype = frame.header.dtype;
             if frame.header.op != OpKind::Send || dtype.is_none() {
-                return Err(self.recv_error(ErrorKind::Protocol, src, format!("rank {src} sent a {} frame as a message", frame.header.op)));
+                return Err(self.recv_error(
+                    ErrorKind::Protocol,
+                    src,
+                    format!("rank {src} sent a {} frame as a message", frame.header.op),
+                ));
             }
             Ok(frame)
         }
@@ -211,7 +238,11 @@ impl<T: LocalTransport> Communicator<T> {
             return Ok(());
         }
         let sent = h.dtype.map_or("untyped", |d| d.name());
-        Err(self.recv_error(ErrorKind::Mismatch, src, format!("rank {src} sent {} x {sent}, received as {}", h.count, E::DTYPE)))
+        Err(self.recv_error(
+            ErrorKind::Mismatch,
+            src,
+            format!("rank {src} sent {} x {sent}, received as {}", h.count, E::DTYPE),
+        ))
     }
 
     /// Receives the next message from rank `src` with `tag`. The receive is posted when
@@ -242,7 +273,12 @@ impl<T: LocalTransport> Communicator<T> {
     ///
     /// # Cancel safety
     /// As [`Communicator::recv`]; `buf` is written only when the future completes.
-    pub fn recv_into<'a, E: Element>(&'a self, src: usize, tag: Tag, buf: &'a mut [E]) -> impl Future<Output = Result<()>> + 'a {
+    pub fn recv_into<'a, E: Element>(
+        &'a self,
+        src: usize,
+        tag: Tag,
+        buf: &'a mut [E],
+    ) -> impl Future<Output = Result<()>> + 'a {
         let frame = self.post_recv(src, tag);
         async move {
             let f = frame.await?;

@@ -53,7 +53,14 @@ enum SingleHost {
 }
 
 const LAUNCHERS: &[Launcher] = &[
-    Launcher { name: "hcomm", rank: "HCOMM_RANK", size: "HCOMM_SIZE", local_rank: "HCOMM_LOCAL_RANK", job: &["HCOMM_JOB_ID"], single_host: None },
+    Launcher {
+        name: "hcomm",
+        rank: "HCOMM_RANK",
+        size: "HCOMM_SIZE",
+        local_rank: "HCOMM_LOCAL_RANK",
+        job: &["HCOMM_JOB_ID"],
+        single_host: None,
+    },
     Launcher {
         name: "openmpi",
         rank: "OMPI_COMM_WORLD_RANK",
@@ -78,7 +85,14 @@ const LAUNCHERS: &[Launcher] = &[
         job: &["PMI_JOBID"],
         single_host: Some(("MPI_LOCALNRANKS", SingleHost::LocalSizeEqualsSize)),
     },
-    Launcher { name: "torchrun", rank: "RANK", size: "WORLD_SIZE", local_rank: "LOCAL_RANK", job: &["TORCHELASTIC_RUN_ID"], single_host: None },
+    Launcher {
+        name: "torchrun",
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_rank: "LOCAL_RANK",
+        job: &["TORCHELASTIC_RUN_ID"],
+        single_host: None,
+    },
 ];
 
 fn parse_num(var: &str, v: &str) -> Result<usize> {
@@ -130,7 +144,9 @@ impl LaunchEnv {
             None => None,
         };
         let job_parts: Vec<String> = l.job.iter().filter_map(|k| get(k)).collect();
-        let job_id = get("HCOMM_JOB_ID").or_else(|| (!job_parts.is_empty()).then(|| job_parts.join("."))).unwrap_or_else(|| String::from("default"));
+        let job_id = get("HCOMM_JOB_ID")
+            .or_else(|| (!job_parts.is_empty()).then(|| job_parts.join(".")))
+            .unwrap_or_else(|| String::from("default"));
 
         let addr = if let Some(a) = get("HCOMM_ADDR") {
             a
@@ -140,7 +156,9 @@ impl LaunchEnv {
             format!("{host}:{port}")
         } else {
             let single = match l.single_host {
-                Some((var, SingleHost::LocalSizeEqualsSize)) => get(var).map(|v| parse_num(var, &v)).transpose()? == Some(size),
+                Some((var, SingleHost::LocalSizeEqualsSize)) => {
+                    get(var).map(|v| parse_num(var, &v)).transpose()? == Some(size)
+                }
                 Some((var, SingleHost::OneNode)) => get(var).map(|v| parse_num(var, &v)).transpose()? == Some(1),
                 None => size == 1,
             };
@@ -185,8 +203,13 @@ mod tests {
 
     #[test]
     fn hcomm_vars() {
-        let e = env(&[("HCOMM_RANK", "2"), ("HCOMM_SIZE", "4"), ("HCOMM_ADDR", "10.0.0.1:29500"), ("HCOMM_JOB_ID", "j")]).unwrap();
-        assert_eq!((e.rank, e.size, e.addr.as_str(), e.job_id.as_str(), e.launcher), (2, 4, "10.0.0.1:29500", "j", "hcomm"));
+        let e =
+            env(&[("HCOMM_RANK", "2"), ("HCOMM_SIZE", "4"), ("HCOMM_ADDR", "10.0.0.1:29500"), ("HCOMM_JOB_ID", "j")])
+                .unwrap();
+        assert_eq!(
+            (e.rank, e.size, e.addr.as_str(), e.job_id.as_str(), e.launcher),
+            (2, 4, "10.0.0.1:29500", "j", "hcomm")
+        );
     }
 
     #[test]
@@ -215,7 +238,14 @@ mod tests {
     fn torchrun_and_slurm() {
         let t = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "node1"), ("MASTER_PORT", "29500")]).unwrap();
         assert_eq!((t.addr.as_str(), t.launcher), ("node1:29500", "torchrun"));
-        let s = env(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8"), ("SLURM_STEP_NUM_NODES", "1"), ("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")]).unwrap();
+        let s = env(&[
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_STEP_NUM_NODES", "1"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "0"),
+        ])
+        .unwrap();
         assert_eq!((s.rank, s.size, s.job_id.as_str()), (3, 8, "77.0"));
     }
 

@@ -8,11 +8,11 @@ use std::process::{ExitStatus, Stdio};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use hcomm_core::{Error, Result};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::Command;
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
 use tokio::sync::watch;
 
 /// What to launch.
@@ -92,7 +92,8 @@ pub async fn run(l: Launch) -> Result<Outcome> {
         return Err(Error::config("hcomm run needs at least one rank (-n 1 or more)"));
     }
     let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("picking a rendezvous port", e))?;
+        let probe =
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("picking a rendezvous port", e))?;
         probe.local_addr().map_err(|e| Error::io("picking a rendezvous port", e))?.port()
     };
     let job = format!("run-{:016x}", rand::random::<u64>());

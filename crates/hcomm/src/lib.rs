@@ -4,11 +4,31 @@
 //! operation is a future driven by the application's own executor.
 //!
 //! ```no_run
-//! # async fn run() -> hcomm::Result<()> {
-//! let comm = hcomm::init().await?; // rank and size from hcomm run, mpirun, srun or torchrun
-//! let mut grads = vec![1.0f32; 1 << 20];
-//! comm.all_reduce(&mut grads, hcomm::ReduceOp::Sum).await?;
-//! # Ok(()) }
+//! use hcomm::ReduceOp;
+//!
+//! #[tokio::main]
+//! async fn main() -> hcomm::Result<()> {
+//!     // Rank and size from `hcomm run`, mpirun, srun or torchrun.
+//!     let comm = hcomm::init().await?;
+//!     let mut grads = vec![comm.rank() as f32; 1 << 20];
+//!     comm.all_reduce(&mut grads, ReduceOp::Sum).await?;
+//!
+//!     // Collectives are futures: join them, spawn them, race them.
+//!     let mut a = vec![1u64; 1000];
+//!     let mut b = vec![2.0f64; 10];
+//!     let (ra, rb) = futures::join!(comm.all_reduce(&mut a, ReduceOp::Max), comm.all_reduce(&mut b, ReduceOp::Avg));
+//!     ra?;
+//!     rb?;
+//!
+//!     // Point to point, tagged, ordered per peer and tag.
+//!     if comm.rank() == 0 {
+//!         comm.send(1, 7, &[1.5f32, 2.5]).await?;
+//!     } else if comm.rank() == 1 {
+//!         let v: Vec<f32> = comm.recv(0, 7).await?;
+//!         assert_eq!(v, [1.5, 2.5]);
+//!     }
+//!     comm.barrier().await
+//! }
 //! ```
 //!
 //! - [`init`] / [`Config`]: connect the ranks of a job (TCP over tokio, or io_uring
@@ -26,9 +46,11 @@ pub mod store;
 
 pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use comm::Communicator;
-pub use hcomm_core::{bf16, f16, DType, Element, Error, ErrorKind, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport};
+pub use hcomm_core::{
+    DType, Element, Error, ErrorKind, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
+};
 pub use hcomm_topology::Topology;
-pub use hcomm_transport::{MemTransport, StreamOptions, StreamTransport, HAS_URING};
+pub use hcomm_transport::{HAS_URING, MemTransport, StreamOptions, StreamTransport};
 
 use std::sync::Arc;
 

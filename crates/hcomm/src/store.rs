@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
-use tokio::time::{timeout, Instant};
+use tokio::time::{Instant, timeout};
 
 /// Largest store message.
 pub const MAX_MESSAGE: u32 = 1 << 20;
@@ -192,12 +192,18 @@ impl StoreClient {
             match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
                 Ok(Ok(mut s)) => {
                     let _ = s.set_nodelay(true);
-                    write_msg(&mut s, &Request::Hello { job, rank, size }).await.map_err(|e| Error::io("store hello", e))?;
+                    write_msg(&mut s, &Request::Hello { job, rank, size })
+                        .await
+                        .map_err(|e| Error::io("store hello", e))?;
                     return match timeout(HELLO_TIMEOUT, read_msg::<Response>(&mut s)).await {
                         Ok(Ok(Response::Ok)) => Ok(StoreClient { stream: s, addr: addr.to_owned() }),
-                        Ok(Ok(Response::Refused(why))) => Err(boot(format!("the rendezvous store at {addr} refused rank {rank}: {why}"))),
+                        Ok(Ok(Response::Refused(why))) => {
+                            Err(boot(format!("the rendezvous store at {addr} refused rank {rank}: {why}")))
+                        }
                         Ok(Ok(other)) => Err(boot(format!("unexpected store reply {other:?}"))),
-                        Ok(Err(e)) => Err(boot(format!("the rendezvous store at {addr} failed the hello")).with_source(e)),
+                        Ok(Err(e)) => {
+                            Err(boot(format!("the rendezvous store at {addr} failed the hello")).with_source(e))
+                        }
                         Err(_) => Err(boot(format!("the rendezvous store at {addr} did not answer the hello"))),
                     };
                 }
@@ -220,7 +226,9 @@ impl StoreClient {
         write_msg(&mut self.stream, req)
             .await
             .map_err(|e| boot(format!("lost the rendezvous store at {}", self.addr)).with_source(e))?;
-        read_msg(&mut self.stream).await.map_err(|e| boot(format!("lost the rendezvous store at {}", self.addr)).with_source(e))
+        read_msg(&mut self.stream)
+            .await
+            .map_err(|e| boot(format!("lost the rendezvous store at {}", self.addr)).with_source(e))
     }
 
     /// Stores `value` under `key`.
@@ -239,7 +247,11 @@ impl StoreClient {
     ///
     /// # Errors
     /// A bootstrap error if the store connection fails.
-    pub async fn get(&mut self, keys: &[String], wait: Duration) -> Result<std::result::Result<Vec<String>, Vec<String>>> {
+    pub async fn get(
+        &mut self,
+        keys: &[String],
+        wait: Duration,
+    ) -> Result<std::result::Result<Vec<String>, Vec<String>>> {
         let req = Request::Get { keys: keys.to_vec(), wait_ms: wait.as_millis() as u64 };
         match self.call(&req).await? {
             Response::Values(v) => Ok(Ok(v)),

@@ -31,12 +31,17 @@ async fn hundred_allreduces_in_flight_on_one_communicator() {
     let n = 4;
     let comms = hcomm::local(n);
     let sizes: Vec<usize> = (0..100).map(|i| [0, 1, 17, 1000, 65_537, 300_001][i % 6] + i).collect();
-    let inputs: Vec<Vec<Vec<f64>>> = sizes.iter().enumerate().map(|(i, &s)| inputs::<f64>(n, s, ReduceOp::Sum, i as u64)).collect();
+    let inputs: Vec<Vec<Vec<f64>>> =
+        sizes.iter().enumerate().map(|(i, &s)| inputs::<f64>(n, s, ReduceOp::Sum, i as u64)).collect();
     // bufs[rank][op]
-    let mut bufs: Vec<Vec<Vec<f64>>> = (0..n).map(|r| inputs.iter().map(|per_op| per_op[r].clone()).collect()).collect();
-    let all = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, mine)| {
-        join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum)))
-    }))
+    let mut bufs: Vec<Vec<Vec<f64>>> =
+        (0..n).map(|r| inputs.iter().map(|per_op| per_op[r].clone()).collect()).collect();
+    let all = join_all(
+        comms
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, mine)| join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum)))),
+    )
     .await;
     for per_rank in all {
         for r in per_rank {
@@ -140,7 +145,8 @@ async fn timeout_names_the_missing_rank() {
     let mut a = vec![1.0f32; 10];
     let mut b = vec![1.0f32; 10];
     // Rank 2 never calls.
-    let (ra, rb) = futures::join!(comms[0].all_reduce(&mut a, ReduceOp::Sum), comms[1].all_reduce(&mut b, ReduceOp::Sum));
+    let (ra, rb) =
+        futures::join!(comms[0].all_reduce(&mut a, ReduceOp::Sum), comms[1].all_reduce(&mut b, ReduceOp::Sum));
     let ea = ra.unwrap_err();
     let eb = rb.unwrap_err();
     // Rank 1 waits on rank 0 (its left), rank 0 on rank 2: one times out naming rank 2;
@@ -187,13 +193,13 @@ async fn allgather_and_split() {
             c.split(color, -(c.rank() as i64))
         }))
         .await;
-        let subs: Vec<Option<hcomm::Communicator<hcomm::MemTransport>>> = subs.into_iter().map(|s| s.unwrap()).collect();
+        let subs: Vec<Option<hcomm::Communicator<hcomm::MemTransport>>> =
+            subs.into_iter().map(|s| s.unwrap()).collect();
         for (r, s) in subs.iter().enumerate() {
             match s {
                 None => assert!(r == 0 && n > 2),
                 Some(s) => {
-                    let members: Vec<usize> =
-                        (0..n).rev().filter(|&x| x % 2 == r % 2 && !(x == 0 && n > 2)).collect();
+                    let members: Vec<usize> = (0..n).rev().filter(|&x| x % 2 == r % 2 && !(x == 0 && n > 2)).collect();
                     assert_eq!(s.size(), members.len());
                     assert_eq!(members[s.rank()], r);
                 }

@@ -57,7 +57,10 @@ async fn strangers_at_the_store_do_not_disturb_the_job() {
     let job = "store-test";
     let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), hash(job), 3).await.unwrap();
     let addr = store.addr();
-    let (comms, ()) = tokio::join!(futures::future::try_join_all(configs(3, addr, job).into_iter().map(Config::connect)), pester(addr));
+    let (comms, ()) = tokio::join!(
+        futures::future::try_join_all(configs(3, addr, job).into_iter().map(Config::connect)),
+        pester(addr)
+    );
     let comms = comms.unwrap();
     check_allreduce::<_, f32>(&comms, 10_007, ReduceOp::Sum, 1).await;
     // While the job runs.

@@ -10,7 +10,15 @@ fn hcomm() -> Command {
 #[test]
 fn sets_the_environment_and_prefixes_output() {
     let out = hcomm()
-        .args(["run", "-n", "3", "--", "sh", "-c", "echo rank=$HCOMM_RANK size=$HCOMM_SIZE addr=$HCOMM_ADDR; echo oops >&2"])
+        .args([
+            "run",
+            "-n",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo rank=$HCOMM_RANK size=$HCOMM_SIZE addr=$HCOMM_ADDR; echo oops >&2",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());

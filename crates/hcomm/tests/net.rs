@@ -22,9 +22,16 @@ async fn suite<T: LocalTransport>(comms: &[Communicator<T>]) {
 async fn in_flight<T: LocalTransport>(comms: &[Communicator<T>]) {
     let n = comms.len();
     let sizes: Vec<usize> = (0..100).map(|i| [0, 3, 1000, 65_537, 200_003][i % 5] + i).collect();
-    let inputs: Vec<Vec<Vec<i64>>> = sizes.iter().enumerate().map(|(i, &s)| inputs::<i64>(n, s, ReduceOp::Sum, i as u64)).collect();
+    let inputs: Vec<Vec<Vec<i64>>> =
+        sizes.iter().enumerate().map(|(i, &s)| inputs::<i64>(n, s, ReduceOp::Sum, i as u64)).collect();
     let mut bufs: Vec<Vec<Vec<i64>>> = (0..n).map(|r| inputs.iter().map(|per| per[r].clone()).collect()).collect();
-    let all = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, mine)| join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum))))).await;
+    let all = join_all(
+        comms
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, mine)| join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum)))),
+    )
+    .await;
     all.into_iter().flatten().for_each(|r| r.unwrap());
     for (i, per) in inputs.iter().enumerate() {
         for b in &bufs {

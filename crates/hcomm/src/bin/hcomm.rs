@@ -32,7 +32,8 @@ fn main() {
     let cli = Cli::parse();
     let Cmd::Run { ranks, no_prefix, mut command } = cli.cmd;
     let program = command.remove(0);
-    let launch = hcomm::launch::Launch { ranks: ranks as usize, program, args: command, prefix: !no_prefix, env: Vec::new() };
+    let launch =
+        hcomm::launch::Launch { ranks: ranks as usize, program, args: command, prefix: !no_prefix, env: Vec::new() };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

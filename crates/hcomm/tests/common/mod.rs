@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use futures::future::join_all;
-use hcomm::{bf16, f16, Communicator, DType, Element, LocalTransport, ReduceOp};
+use hcomm::{Communicator, DType, Element, LocalTransport, ReduceOp, bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -113,9 +113,15 @@ pub fn check_against_reference<E: TestElem>(inputs: &[Vec<E>], op: ReduceOp, got
 
 /// One allreduce of random data on every rank at once, checked against the reference
 /// and for bitwise equality across ranks.
-pub async fn check_allreduce<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], count: usize, op: ReduceOp, seed: u64) {
+pub async fn check_allreduce<T: LocalTransport, E: TestElem>(
+    comms: &[Communicator<T>],
+    count: usize,
+    op: ReduceOp,
+    seed: u64,
+) {
     let n = comms.len();
-    let what = format!("allreduce n={n} count={count} {} {op} seed={seed} over {}", E::DTYPE, comms[0].transport_name());
+    let what =
+        format!("allreduce n={n} count={count} {} {op} seed={seed} over {}", E::DTYPE, comms[0].transport_name());
     let inputs = inputs::<E>(n, count, op, seed);
     let mut bufs = inputs.clone();
     let results = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, op))).await;
@@ -176,9 +182,11 @@ pub async fn p2p_all_pairs<T: LocalTransport>(comms: &[Communicator<T>], count: 
     };
     let results = join_all(comms.iter().map(|c| async move {
         let r = c.rank();
-        let recvs = join_all((0..n).flat_map(|src| [(src, 1u32), (src, 2u32)]).map(|(src, tag)| async move {
-            (src, tag, c.recv::<u64>(src, tag).await)
-        }));
+        let recvs = join_all(
+            (0..n)
+                .flat_map(|src| [(src, 1u32), (src, 2u32)])
+                .map(|(src, tag)| async move { (src, tag, c.recv::<u64>(src, tag).await) }),
+        );
         let sends = join_all((0..n).flat_map(|dst| [(dst, 2u32), (dst, 1u32)]).map(|(dst, tag)| {
             let d = data(r, dst, tag);
             async move { c.send(dst, tag, &d).await }

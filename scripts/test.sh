@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The test command of the README: the whole cargo test suite, then the ring-allreduce
+# example launched for real, as 4 processes by `hcomm run` and by OpenMPI's `mpirun`
+# (HComm taking its ranks from OMPI's environment).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo test --workspace --all-targets
+cargo test --workspace --doc
+
+cargo build --release --bin hcomm --example ring_allreduce
+bin=target/release/hcomm
+ex=target/release/examples/ring_allreduce
+passed=0
+failed=0
+check() {
+    local name=$1
+    shift
+    echo "--- launch check: $name"
+    if out=$(timeout 300 "$@" 2>&1) && grep -q "verified: every element" <<<"$out"; then
+        echo "$out" | tail -3
+        echo "ok: $name"
+        passed=$((passed + 1))
+    else
+        echo "$out" | tail -20
+        echo "FAILED: $name"
+        failed=$((failed + 1))
+    fi
+}
+
+check "hcomm run -n 4 (tcp)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3
+check "hcomm run -n 4 (uring)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3 --transport uring
+check "ring_allreduce --transport mem" "$ex" --bytes 4M --iters 3 --transport mem
+if command -v mpirun >/dev/null; then
+    # Ranks above 2 oversubscribe this 2-core machine.
+    check "mpirun -n 4 (OpenMPI environment)" mpirun --allow-run-as-root --oversubscribe -n 4 "$ex" --bytes 4M --iters 3
+else
+    echo "--- launch check skipped: mpirun not installed (apt-get install openmpi-bin)"
+fi
+echo "launch checks: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
