@@ -72,7 +72,7 @@ pub async fn init() -> Result<Communicator> {
 /// `n` communicators of one job in this process over the in-process transport: rank
 /// `i` is element `i`. Drive them from tasks or join their futures.
 pub fn local(n: usize) -> Vec<Communicator<MemTransport>> {
-    let keep = Arc::new(comm_keep());
+    let keep = Arc::new(comm::Keep::default());
     MemTransport::group(n)
         .into_iter()
         .map(|t| {
@@ -81,10 +81,6 @@ pub fn local(n: usize) -> Vec<Communicator<MemTransport>> {
             Communicator::new(g, keep.clone())
         })
         .collect()
-}
-
-fn comm_keep() -> comm::Keep {
-    comm::Keep::default()
 }
 
 /// `n` communicators of one job in this process, connected over loopback TCP (tokio
