@@ -184,7 +184,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     pub fn payload<E: Element>(&self, data: &[E]) -> Bytes {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let mut b = self.g.transport.send_buffer(bytes.len());
-        b.copy_from_slice(bytes);
+        b.extend_from_slice(bytes);
         b.freeze()
     }
 

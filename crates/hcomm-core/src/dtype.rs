@@ -229,8 +229,12 @@ macro_rules! float_element {
 
 float_element!(f32 => F32, f64 => F64);
 
+/// Block size of the half-precision kernels.
+const HALF_BLOCK: usize = 256;
+
 /// Half-precision types reduce through `f32` (as NCCL and Gloo do on CPUs) and round
-/// once per step.
+/// once per step. They convert a block at a time with `half`'s slice conversions,
+/// which use the CPU's conversion instructions (F16C) where it has them.
 macro_rules! half_element {
     ($($t:ty => $d:ident),* $(,)?) => {$(
         impl sealed::Sealed for $t {}
@@ -238,24 +242,28 @@ macro_rules! half_element {
             const DTYPE: DType = DType::$d;
 
             fn reduce(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
+                use half::slice::HalfFloatSliceExt;
                 assert_eq!(dst.len(), src.len(), "reduce: slice lengths differ");
-                let f: fn(f32, f32) -> f32 = match op {
-                    ReduceOp::Sum | ReduceOp::Avg => |a, b| a + b,
-                    ReduceOp::Prod => |a, b| a * b,
-                    ReduceOp::Min => f32::min,
-                    ReduceOp::Max => f32::max,
-                    ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
-                        unreachable!("bitwise reduction of a float type is rejected before this point")
-                    }
-                };
-                dst.iter_mut()
-                    .zip(src)
-                    .for_each(|(d, s)| *d = <$t>::from_f32(f(d.to_f32(), s.to_f32())));
+                let mut a = [0f32; HALF_BLOCK];
+                let mut b = [0f32; HALF_BLOCK];
+                for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
+                    let (a, b) = (&mut a[..d.len()], &mut b[..d.len()]);
+                    d.convert_to_f32_slice(a);
+                    s.convert_to_f32_slice(b);
+                    f32::reduce(op, a, b);
+                    d.convert_from_f32_slice(a);
+                }
             }
 
             fn div_count(dst: &mut [Self], n: usize) {
-                let n = n as f32;
-                dst.iter_mut().for_each(|d| *d = <$t>::from_f32(d.to_f32() / n));
+                use half::slice::HalfFloatSliceExt;
+                let mut a = [0f32; HALF_BLOCK];
+                for d in dst.chunks_mut(HALF_BLOCK) {
+                    let a = &mut a[..d.len()];
+                    d.convert_to_f32_slice(a);
+                    f32::div_count(a, n);
+                    d.convert_from_f32_slice(a);
+                }
             }
         }
     )*};

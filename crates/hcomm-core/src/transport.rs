@@ -40,10 +40,11 @@ pub trait LocalTransport {
     /// The mailbox into which this transport delivers incoming messages.
     fn mailbox(&self) -> &Arc<Mailbox>;
 
-    /// A buffer of `len` bytes (contents unspecified) that this transport sends
-    /// cheaply. The default is ordinary heap memory.
+    /// An empty buffer with room for `len` bytes, in memory that this transport sends
+    /// cheaply; fill it (`extend_from_slice`) and freeze it into the payload. The
+    /// default is ordinary heap memory, not zeroed, since it is written at once.
     fn send_buffer(&self, len: usize) -> BytesMut {
-        BytesMut::zeroed(len)
+        BytesMut::with_capacity(len)
     }
 
     /// Sends one message to `peer`. The caller fills the header's matching and
