@@ -144,9 +144,9 @@ impl StreamTransport {
         for (peer, (s, rx)) in streams.into_iter().zip(rxs).enumerate() {
             let (Some(s), Some(rx)) = (s, rx) else { continue };
             let (rd, wr) = s.into_split();
-            let h = tokio::spawn(tokio_io::read_loop(rd, peer, t.mailbox.clone()));
+            let h = tokio::spawn(read_loop(rd, peer, t.mailbox.clone()));
             t.readers.lock().push(h.abort_handle());
-            tokio::spawn(tokio_io::write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment));
+            tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment));
         }
         t
     }
@@ -160,9 +160,9 @@ impl StreamTransport {
         for (peer, (s, rx)) in streams.into_iter().zip(rxs).enumerate() {
             let (Some(s), Some(rx)) = (s, rx) else { continue };
             let s = std::rc::Rc::new(tokio_uring::net::TcpStream::from_std(s));
-            let h = tokio_uring::spawn(uring_io::read_loop(s.clone(), peer, t.mailbox.clone()));
+            let h = tokio_uring::spawn(read_loop(uring_io::UringLink(s.clone()), peer, t.mailbox.clone()));
             t.readers.lock().push(h.abort_handle());
-            tokio_uring::spawn(uring_io::write_loop(s, rx, peer, t.mailbox.clone(), opts.fragment));
+            tokio_uring::spawn(write_loop(uring_io::UringLink(s), rx, peer, t.mailbox.clone(), opts.fragment));
         }
         t
     }
@@ -253,141 +253,137 @@ impl Drop for StreamTransport {
     }
 }
 
+/// The receiving I/O a backend provides to the shared read loop. Buffers are passed
+/// by value and handed back, as io_uring needs.
+trait ReadLink {
+    /// Reads more bytes, appending them to `buf` (within its spare capacity).
+    async fn read(&mut self, buf: BytesMut) -> (std::io::Result<usize>, BytesMut);
+}
+
+/// The sending I/O a backend provides to the shared write loop.
+trait WriteLink {
+    /// Writes all of `batch`, then all of `big`; hands `batch` back.
+    async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut);
+    /// Ends the sending direction.
+    async fn finish(&mut self);
+}
+
+/// Reads frames from one peer into the mailbox until the peer closes or fails.
+async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, mailbox: Arc<Mailbox>) {
+    let mut asm = Assembler::new(peer);
+    let err = loop {
+        match deliver_all(&mut asm, &mailbox) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => break e.with_peer(peer),
+        }
+        let (res, buf) = link.read(asm.take_buf()).await;
+        asm.put_buf(buf);
+        match res {
+            Ok(0) => break unannounced_eof(peer),
+            Ok(_) => {}
+            Err(e) => break broken(peer, "receiving", e),
+        }
+    };
+    tracing::debug!(peer, error = %err, "reader stopped");
+    mailbox.fail_peer(peer, err);
+}
+
+/// Writes the messages queued for one peer until the close frame is written, the
+/// transport is dropped, or the connection fails.
+async fn write_loop<L: WriteLink>(
+    mut link: L,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    peer: Rank,
+    mailbox: Arc<Mailbox>,
+    fragment: usize,
+) {
+    let mut q = WriteQueue::new(fragment);
+    let mut batch = BytesMut::with_capacity(256 << 10);
+    let mut closing = false;
+    loop {
+        if q.is_idle() {
+            if closing {
+                break;
+            }
+            match rx.recv().await {
+                Some(o) => closing = gather(&mut q, o, &mut rx),
+                None => break,
+            }
+        } else if !closing {
+            if let Ok(o) = rx.try_recv() {
+                closing = gather(&mut q, o, &mut rx);
+            }
+        }
+        let big = q.fill(&mut batch);
+        let (res, b) = link.write(batch, big).await;
+        batch = b;
+        batch.clear();
+        if let Err(e) = res {
+            let err = broken(peer, "sending", e);
+            fail_queue(&mut q, &mut rx, &err);
+            mailbox.fail_peer(peer, err);
+            return;
+        }
+        q.written();
+    }
+    link.finish().await;
+}
+
 mod tokio_io {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-    pub(super) async fn read_loop(mut rd: OwnedReadHalf, peer: Rank, mailbox: Arc<Mailbox>) {
-        let mut asm = Assembler::new(peer);
-        let err = loop {
-            match deliver_all(&mut asm, &mailbox) {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => break e.with_peer(peer),
-            }
-            match rd.read_buf(asm.read_buf()).await {
-                Ok(0) => break unannounced_eof(peer),
-                Ok(_) => {}
-                Err(e) => break broken(peer, "receiving", e),
-            }
-        };
-        tracing::debug!(peer, error = %err, "reader stopped");
-        mailbox.fail_peer(peer, err);
+    impl ReadLink for OwnedReadHalf {
+        async fn read(&mut self, mut buf: BytesMut) -> (std::io::Result<usize>, BytesMut) {
+            (self.read_buf(&mut buf).await, buf)
+        }
     }
 
-    pub(super) async fn write_loop(
-        mut wr: OwnedWriteHalf,
-        mut rx: mpsc::UnboundedReceiver<Outgoing>,
-        peer: Rank,
-        mailbox: Arc<Mailbox>,
-        fragment: usize,
-    ) {
-        let mut q = WriteQueue::new(fragment);
-        let mut batch = BytesMut::with_capacity(256 << 10);
-        let mut closing = false;
-        loop {
-            if q.is_idle() {
-                if closing {
-                    break;
-                }
-                match rx.recv().await {
-                    Some(o) => closing = gather(&mut q, o, &mut rx),
-                    None => break,
-                }
-            } else if !closing {
-                if let Ok(o) = rx.try_recv() {
-                    closing = gather(&mut q, o, &mut rx);
-                }
-            }
-            let big = q.fill(&mut batch);
-            let mut res = wr.write_all(&batch).await;
+    impl WriteLink for OwnedWriteHalf {
+        async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut) {
+            let mut res = self.write_all(&batch).await;
             if let (Ok(()), Some(b)) = (&res, big) {
-                res = wr.write_all(&b).await;
+                res = self.write_all(&b).await;
             }
-            batch.clear();
-            if let Err(e) = res {
-                let err = broken(peer, "sending", e);
-                fail_queue(&mut q, &mut rx, &err);
-                mailbox.fail_peer(peer, err);
-                return;
-            }
-            q.written();
+            (res, batch)
         }
-        let _ = wr.shutdown().await;
+        async fn finish(&mut self) {
+            let _ = self.shutdown().await;
+        }
     }
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
 mod uring_io {
     use super::*;
-    use std::rc::Rc;
     use tokio_uring::buf::BoundedBuf;
     use tokio_uring::net::TcpStream;
 
-    pub(super) async fn read_loop(s: Rc<TcpStream>, peer: Rank, mailbox: Arc<Mailbox>) {
-        let mut asm = Assembler::new(peer);
-        let err = loop {
-            match deliver_all(&mut asm, &mailbox) {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => break e.with_peer(peer),
-            }
+    /// Both directions share one socket: the reader and the writer task each hold it.
+    pub(super) struct UringLink(pub std::rc::Rc<TcpStream>);
+
+    impl ReadLink for UringLink {
+        async fn read(&mut self, buf: BytesMut) -> (std::io::Result<usize>, BytesMut) {
             // tokio-uring reads at the start of the buffer it is given: hand it the
             // spare capacity only, so that bytes already received stay in place.
-            let buf = asm.take_buf();
             let (len, cap) = (buf.len(), buf.capacity());
-            let (res, slice) = s.read(buf.slice(len..cap)).await;
-            asm.put_buf(slice.into_inner());
-            match res {
-                Ok(0) => break unannounced_eof(peer),
-                Ok(_) => {}
-                Err(e) => break broken(peer, "receiving", e),
-            }
-        };
-        tracing::debug!(peer, error = %err, "reader stopped");
-        mailbox.fail_peer(peer, err);
+            let (res, slice) = self.0.read(buf.slice(len..cap)).await;
+            (res, slice.into_inner())
+        }
     }
 
-    pub(super) async fn write_loop(
-        s: Rc<TcpStream>,
-        mut rx: mpsc::UnboundedReceiver<Outgoing>,
-        peer: Rank,
-        mailbox: Arc<Mailbox>,
-        fragment: usize,
-    ) {
-        let mut q = WriteQueue::new(fragment);
-        let mut batch = BytesMut::with_capacity(256 << 10);
-        let mut closing = false;
-        loop {
-            if q.is_idle() {
-                if closing {
-                    break;
-                }
-                match rx.recv().await {
-                    Some(o) => closing = gather(&mut q, o, &mut rx),
-                    None => break,
-                }
-            } else if !closing {
-                if let Ok(o) = rx.try_recv() {
-                    closing = gather(&mut q, o, &mut rx);
-                }
-            }
-            let big = q.fill(&mut batch);
-            let (mut res, b) = if batch.is_empty() { (Ok(()), batch) } else { s.write_all(batch).await };
-            batch = b;
+    impl WriteLink for UringLink {
+        async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut) {
+            let (mut res, batch) = if batch.is_empty() { (Ok(()), batch) } else { self.0.write_all(batch).await };
             if let (Ok(()), Some(big)) = (&res, big) {
-                res = s.write_all(big).await.0;
+                res = self.0.write_all(big).await.0;
             }
-            batch.clear();
-            if let Err(e) = res {
-                let err = broken(peer, "sending", e);
-                fail_queue(&mut q, &mut rx, &err);
-                mailbox.fail_peer(peer, err);
-                return;
-            }
-            q.written();
+            (res, batch)
         }
-        let _ = s.shutdown(std::net::Shutdown::Write);
+        async fn finish(&mut self) {
+            let _ = self.0.shutdown(std::net::Shutdown::Write);
+        }
     }
 }

@@ -31,28 +31,7 @@ async fn hundred_allreduces_in_flight_on_one_communicator() {
     let n = 4;
     let comms = hcomm::local(n);
     let sizes: Vec<usize> = (0..100).map(|i| [0, 1, 17, 1000, 65_537, 300_001][i % 6] + i).collect();
-    let inputs: Vec<Vec<Vec<f64>>> =
-        sizes.iter().enumerate().map(|(i, &s)| inputs::<f64>(n, s, ReduceOp::Sum, i as u64)).collect();
-    // bufs[rank][op]
-    let mut bufs: Vec<Vec<Vec<f64>>> =
-        (0..n).map(|r| inputs.iter().map(|per_op| per_op[r].clone()).collect()).collect();
-    let all = join_all(
-        comms
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(c, mine)| join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum)))),
-    )
-    .await;
-    for per_rank in all {
-        for r in per_rank {
-            r.unwrap();
-        }
-    }
-    for (i, per_op) in inputs.iter().enumerate() {
-        for (r, rank_bufs) in bufs.iter().enumerate() {
-            check_against_reference(per_op, ReduceOp::Sum, &rank_bufs[i], &format!("op {i} on rank {r}"));
-        }
-    }
+    in_flight::<_, f64>(&comms, &sizes, ReduceOp::Sum).await;
     assert_eq!(comms[0].collectives_called(), 100);
 }
 

@@ -203,3 +203,22 @@ pub async fn p2p_all_pairs<T: LocalTransport>(comms: &[Communicator<T>], count: 
     .await;
     assert_eq!(results.len(), n);
 }
+
+/// Starts one allreduce per entry of `sizes` on every rank at once (all in flight on
+/// one communicator per rank) and checks each result on each rank.
+pub async fn in_flight<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], sizes: &[usize], op: ReduceOp) {
+    let n = comms.len();
+    let inputs: Vec<Vec<Vec<E>>> = sizes.iter().enumerate().map(|(i, &s)| inputs::<E>(n, s, op, i as u64)).collect();
+    // bufs[rank][operation]
+    let mut bufs: Vec<Vec<Vec<E>>> = (0..n).map(|r| inputs.iter().map(|per_op| per_op[r].clone()).collect()).collect();
+    let all = join_all(
+        comms.iter().zip(bufs.iter_mut()).map(|(c, mine)| join_all(mine.iter_mut().map(|b| c.all_reduce(b, op)))),
+    )
+    .await;
+    all.into_iter().flatten().for_each(|r| r.unwrap());
+    for (i, per_op) in inputs.iter().enumerate() {
+        for (r, rank_bufs) in bufs.iter().enumerate() {
+            check_against_reference(per_op, op, &rank_bufs[i], &format!("in-flight op {i} on rank {r}"));
+        }
+    }
+}
