@@ -7,13 +7,38 @@
 //! task drives them all without a thread of ours.
 
 mod elem;
+mod exchange;
 mod group;
+mod rooted;
+mod scan;
 
 use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 pub use elem::{copy_in, reduce_in, to_vec};
+pub use exchange::{pairwise_alltoallv, ring_allgatherv, ring_reduce_scatter};
 pub use group::{Group, OpCtx};
+pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
+pub use scan::scan;
+
+/// Prefix sums of `counts`: `off[g]..off[g + 1]` is block `g`.
+pub fn offsets(counts: &[usize]) -> Vec<usize> {
+    let mut off = Vec::with_capacity(counts.len() + 1);
+    off.push(0);
+    for c in counts {
+        off.push(off[off.len() - 1] + c);
+    }
+    off
+}
+
+/// FNV-1a of a counts vector: the signature field of the v-variants, equal on ranks
+/// that agree on the counts.
+pub fn counts_hash(counts: &[usize]) -> u64 {
+    counts
+        .iter()
+        .flat_map(|c| (*c as u64).to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
 
 /// Target size of one pipelined piece of a ring allreduce. A segment larger than this
 /// is cut into columns that travel the ring independently, so that reducing one piece

@@ -20,6 +20,21 @@ pub enum OpKind {
     Split = 6,
     /// Connection setup and rendezvous.
     Bootstrap = 7,
+    Broadcast = 8,
+    Reduce = 9,
+    Gather = 10,
+    Scatter = 11,
+    ReduceScatter = 12,
+    AllToAll = 13,
+    /// Inclusive prefix reduction.
+    Scan = 14,
+    /// Exclusive prefix reduction.
+    ExScan = 15,
+    AllGatherV = 16,
+    GatherV = 17,
+    ScatterV = 18,
+    ReduceScatterV = 19,
+    AllToAllV = 20,
 }
 
 impl OpKind {
@@ -32,12 +47,51 @@ impl OpKind {
             OpKind::AllGather => "allgather",
             OpKind::Split => "split",
             OpKind::Bootstrap => "bootstrap",
+            OpKind::Broadcast => "broadcast",
+            OpKind::Reduce => "reduce",
+            OpKind::Gather => "gather",
+            OpKind::Scatter => "scatter",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllToAll => "alltoall",
+            OpKind::Scan => "scan",
+            OpKind::ExScan => "exscan",
+            OpKind::AllGatherV => "allgatherv",
+            OpKind::GatherV => "gatherv",
+            OpKind::ScatterV => "scatterv",
+            OpKind::ReduceScatterV => "reduce_scatterv",
+            OpKind::AllToAllV => "alltoallv",
         }
     }
 
-    pub fn from_code(code: u8) -> Option<OpKind> {
+    /// Every kind, in wire-code order (codes are contiguous from 1).
+    pub const ALL: [OpKind; 20] = {
         use OpKind::*;
-        [Send, Recv, Barrier, AllReduce, AllGather, Split, Bootstrap].into_iter().find(|k| *k as u8 == code)
+        [
+            Send,
+            Recv,
+            Barrier,
+            AllReduce,
+            AllGather,
+            Split,
+            Bootstrap,
+            Broadcast,
+            Reduce,
+            Gather,
+            Scatter,
+            ReduceScatter,
+            AllToAll,
+            Scan,
+            ExScan,
+            AllGatherV,
+            GatherV,
+            ScatterV,
+            ReduceScatterV,
+            AllToAllV,
+        ]
+    };
+
+    pub fn from_code(code: u8) -> Option<OpKind> {
+        OpKind::ALL.get(usize::from(code).checked_sub(1)?).copied()
     }
 }
 
@@ -81,5 +135,24 @@ impl fmt::Display for Signature {
             write!(f, ", root={root}")?;
         }
         f.write_str(")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_codes_round_trip() {
+        for code in 0..=255u8 {
+            if let Some(k) = OpKind::from_code(code) {
+                assert_eq!(k as u8, code);
+            }
+        }
+        assert_eq!(OpKind::from_code(20), Some(OpKind::AllToAllV));
+        assert_eq!(OpKind::from_code(21), None);
+        for (i, k) in OpKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i + 1, "{k} is out of order");
+        }
     }
 }

@@ -326,3 +326,321 @@ impl<T: LocalTransport> Communicator<T> {
         self
     }
 }
+
+/// Rooted collectives, exchanges and scans. Every method here is a collective: each
+/// rank calls it, in the same order relative to the other collectives. Each one's
+/// errors are those of [`Communicator::all_reduce`] (invalid arguments, mismatched
+/// arguments across ranks, peer failure, timeout, abort) plus the buffer-length rules
+/// it states; each one's cancel safety is that of [`Communicator::all_reduce`]:
+/// dropping the future leaves the output buffers partly written and aborts the
+/// operation on every rank, and later operations are unaffected.
+impl<T: LocalTransport> Communicator<T> {
+    /// Sends `buf` from `root` to every rank (binomial tree; a pipelined chain for
+    /// large messages).
+    ///
+    /// # Errors
+    /// See the impl block; also a root out of range.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn broadcast<'a, E: Element>(&'a self, buf: &'a mut [E], root: usize) -> impl Future<Output = Result<()>> + 'a {
+        let algo = coll::BcastAlgo::choose(self.size(), std::mem::size_of_val(buf));
+        self.broadcast_with(buf, root, algo)
+    }
+
+    /// [`Communicator::broadcast`] with a chosen algorithm.
+    ///
+    /// # Errors
+    /// See the impl block; also a root out of range.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn broadcast_with<'a, E: Element>(
+        &'a self,
+        buf: &'a mut [E],
+        root: usize,
+        algo: coll::BcastAlgo,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Broadcast, buf.len() as u64, None, root));
+        let span = tracing::debug_span!("broadcast", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, root, algo = algo.name());
+        coll::broadcast(ctx, buf, root, algo).instrument(span)
+    }
+
+    /// Reduces every rank's `buf` element-wise into `buf` at `root` (binomial tree);
+    /// the other ranks' buffers are left as they were.
+    ///
+    /// # Errors
+    /// See the impl block; also a root out of range.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn reduce<'a, E: Element>(
+        &'a self,
+        buf: &'a mut [E],
+        op: ReduceOp,
+        root: usize,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Reduce, buf.len() as u64, Some(op), root));
+        let span = tracing::debug_span!("reduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, %op, root, algo = "binomial");
+        coll::reduce(ctx, buf, op, root).instrument(span)
+    }
+
+    /// Gathers every rank's `send` (equal lengths) into `recv` at `root`, rank by
+    /// rank; `recv` must hold `size() * send.len()` elements at the root and is unused
+    /// elsewhere.
+    ///
+    /// # Errors
+    /// See the impl block; also a root out of range or a wrong `recv` length.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn gather<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        root: usize,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Gather, send.len() as u64, None, root));
+        let counts = vec![send.len(); self.size()];
+        let span = tracing::debug_span!("gather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, root, algo = "linear");
+        async move { coll::gatherv(ctx, send, recv, &counts, root).await }.instrument(span)
+    }
+
+    /// Gathers rank `g`'s `send` (`counts[g]` elements) into block `g` of `recv` at
+    /// `root`. Every rank passes the same `counts`.
+    ///
+    /// # Errors
+    /// See the impl block; also counts that disagree across ranks or with the buffers.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn gatherv<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        counts: &'a [usize],
+        root: usize,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::v_signature::<E>(OpKind::GatherV, counts, None, Some(root)));
+        let span = tracing::debug_span!("gatherv", seq = ctx.seq(), dtype = %E::DTYPE, root, algo = "linear");
+        coll::gatherv(ctx, send, recv, counts, root).instrument(span)
+    }
+
+    /// Sends block `g` of `send` (at `root`: `size() * recv.len()` elements) to rank
+    /// `g`'s `recv`.
+    ///
+    /// # Errors
+    /// See the impl block; also a root out of range or a wrong `send` length at the
+    /// root.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn scatter<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        root: usize,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Scatter, recv.len() as u64, None, root));
+        let counts = vec![recv.len(); self.size()];
+        let span = tracing::debug_span!("scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, root, algo = "linear");
+        async move { coll::scatterv(ctx, send, recv, &counts, root).await }.instrument(span)
+    }
+
+    /// Sends block `g` of `send` (`counts[g]` elements) from `root` to rank `g`'s
+    /// `recv`. Every rank passes the same `counts`.
+    ///
+    /// # Errors
+    /// See the impl block; also counts that disagree across ranks or with the buffers.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn scatterv<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        counts: &'a [usize],
+        recv: &'a mut [E],
+        root: usize,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::v_signature::<E>(OpKind::ScatterV, counts, None, Some(root)));
+        let span = tracing::debug_span!("scatterv", seq = ctx.seq(), dtype = %E::DTYPE, root, algo = "linear");
+        coll::scatterv(ctx, send, recv, counts, root).instrument(span)
+    }
+
+    /// Reduces every rank's `send` (`size() * recv.len()` elements) element-wise and
+    /// leaves block `r` of the result in rank `r`'s `recv` (ring).
+    ///
+    /// # Errors
+    /// See the impl block; also a wrong `send` length.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn reduce_scatter<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        op: ReduceOp,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(Signature {
+            op: OpKind::ReduceScatter,
+            dtype: Some(E::DTYPE),
+            reduce: Some(op),
+            count: recv.len() as u64,
+            root: None,
+        });
+        let counts = vec![recv.len(); self.size()];
+        let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = "ring");
+        async move { coll::ring_reduce_scatter(ctx, send, recv, &counts, op).await }.instrument(span)
+    }
+
+    /// [`Communicator::reduce_scatter`] with per-rank block sizes: block `g` has
+    /// `counts[g]` elements. Every rank passes the same `counts`.
+    ///
+    /// # Errors
+    /// See the impl block; also counts that disagree across ranks or with the buffers.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn reduce_scatter_v<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        counts: &'a [usize],
+        op: ReduceOp,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::v_signature::<E>(OpKind::ReduceScatterV, counts, Some(op), None));
+        let span = tracing::debug_span!("reduce_scatter_v", seq = ctx.seq(), dtype = %E::DTYPE, %op, algo = "ring");
+        coll::ring_reduce_scatter(ctx, send, recv, counts, op).instrument(span)
+    }
+
+    /// Every rank sends block `g` of `send` to rank `g`, and receives rank `g`'s
+    /// block for it into block `g` of `recv`; both buffers hold `size()` equal blocks
+    /// (pairwise exchange).
+    ///
+    /// # Errors
+    /// See the impl block; also buffers whose lengths differ or are not a multiple of
+    /// `size()`.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn all_to_all<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let n = self.size();
+        let block = send.len() / n;
+        let ctx = self.group.begin(Signature {
+            op: OpKind::AllToAll,
+            dtype: Some(E::DTYPE),
+            reduce: None,
+            count: block as u64,
+            root: None,
+        });
+        let span = tracing::debug_span!("alltoall", seq = ctx.seq(), block, dtype = %E::DTYPE, algo = "pairwise");
+        let shape_ok = send.len() == recv.len() && send.len() % n == 0;
+        let counts = vec![block; n];
+        async move {
+            if !shape_ok {
+                let e = Error::invalid(format!(
+                    "alltoall buffers of {} and {} elements are not {n} equal blocks each",
+                    send.len(),
+                    recv.len()
+                ));
+                return ctx.finish(Err(e));
+            }
+            coll::pairwise_alltoallv(ctx, send, &counts, recv, &counts).await
+        }
+        .instrument(span)
+    }
+
+    /// [`Communicator::all_to_all`] with per-peer block sizes: block `g` of `send`
+    /// has `send_counts[g]` elements, block `g` of `recv` has `recv_counts[g]` (which
+    /// must equal what rank `g` sends here).
+    ///
+    /// # Errors
+    /// See the impl block; also counts that disagree with the buffers, or with what
+    /// the peer sends (a mismatch error).
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn all_to_all_v<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        send_counts: &'a [usize],
+        recv: &'a mut [E],
+        recv_counts: &'a [usize],
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(Signature {
+            op: OpKind::AllToAllV,
+            dtype: Some(E::DTYPE),
+            reduce: None,
+            count: 0,
+            root: None,
+        });
+        let span = tracing::debug_span!("alltoallv", seq = ctx.seq(), dtype = %E::DTYPE, algo = "pairwise");
+        coll::pairwise_alltoallv(ctx, send, send_counts, recv, recv_counts).instrument(span)
+    }
+
+    /// [`Communicator::all_gather`] with per-rank lengths: block `g` of `recv`
+    /// (`counts[g]` elements) receives rank `g`'s `send`. Every rank passes the same
+    /// `counts`.
+    ///
+    /// # Errors
+    /// See the impl block; also counts that disagree across ranks or with the buffers.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn all_gather_v<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        counts: &'a [usize],
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::v_signature::<E>(OpKind::AllGatherV, counts, None, None));
+        let span = tracing::debug_span!("allgatherv", seq = ctx.seq(), dtype = %E::DTYPE, algo = "ring");
+        coll::ring_allgatherv(ctx, send, recv, counts).instrument(span)
+    }
+
+    /// Inclusive prefix reduction: rank `r`'s `buf` becomes `x_0 op … op x_r`
+    /// (recursive doubling). `Avg` averages over ranks `0..=r`.
+    ///
+    /// # Errors
+    /// See the impl block.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn scan<'a, E: Element>(&'a self, buf: &'a mut [E], op: ReduceOp) -> impl Future<Output = Result<()>> + 'a {
+        self.prefix(buf, op, false)
+    }
+
+    /// Exclusive prefix reduction: rank `r`'s `buf` becomes `x_0 op … op x_{r-1}`;
+    /// rank 0's is left as it was (as `MPI_Exscan` leaves it undefined).
+    ///
+    /// # Errors
+    /// See the impl block.
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn exscan<'a, E: Element>(&'a self, buf: &'a mut [E], op: ReduceOp) -> impl Future<Output = Result<()>> + 'a {
+        self.prefix(buf, op, true)
+    }
+
+    fn prefix<'a, E: Element>(
+        &'a self,
+        buf: &'a mut [E],
+        op: ReduceOp,
+        exclusive: bool,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let kind = if exclusive { OpKind::ExScan } else { OpKind::Scan };
+        let ctx = self.group.begin(Signature {
+            op: kind,
+            dtype: Some(E::DTYPE),
+            reduce: Some(op),
+            count: buf.len() as u64,
+            root: None,
+        });
+        let span = tracing::debug_span!("scan", seq = ctx.seq(), exclusive, count = buf.len(), dtype = %E::DTYPE, %op, algo = "recursive_doubling");
+        coll::scan(ctx, buf, op, exclusive).instrument(span)
+    }
+}

@@ -222,3 +222,5 @@ pub async fn in_flight<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>]
         }
     }
 }
+
+pub mod colls;

@@ -1,0 +1,164 @@
+//! Collectives where every rank gives and gets a block: reduce-scatter(v),
+//! alltoall(v), allgatherv.
+
+use futures::future::try_join;
+use hcomm_core::{Element, Error, ErrorKind, LocalTransport, ReduceOp, Result};
+
+use crate::rooted::{check_counts, split_blocks};
+use crate::{OpCtx, check_reduce_op, copy_in, offsets, reduce_in};
+
+/// Ring reduce-scatter: block `g` of the element-wise reduction of every rank's
+/// `send` lands in rank `g`'s `recv` (`counts[g]` elements; `send` holds the sum of
+/// `counts`). `n - 1` steps around the host-contiguous ring, each sending one block.
+///
+/// # Errors
+/// Wrong buffer lengths or counts; operator undefined for `E`; mismatched signatures;
+/// peer failure; timeout; abort.
+pub async fn ring_reduce_scatter<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    send: &[E],
+    recv: &mut [E],
+    counts: &[usize],
+    op: ReduceOp,
+) -> Result<()> {
+    let body = async {
+        let (n, me) = (ctx.size(), ctx.rank());
+        check_reduce_op::<E>(op)?;
+        check_counts(counts, n, recv.len(), me)?;
+        let off = offsets(counts);
+        if send.len() != off[n] {
+            return Err(Error::invalid(format!(
+                "reduce_scatter send buffer holds {}, {} expected",
+                send.len(),
+                off[n]
+            )));
+        }
+        let mut acc = send.to_vec();
+        let ring = ctx.ring();
+        let pos = ring.iter().position(|&r| r == me).expect("the ring holds every rank");
+        let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
+        for s in 0..n.saturating_sub(1) {
+            // Position p ends owning block ring[p]: at step s it passes on block
+            // ring[p - s - 1] and folds the incoming partial of ring[p - s - 2] into its own.
+            let (sb, rb) = (ring[(pos + 2 * n - s - 1) % n], ring[(pos + 2 * n - s - 2) % n]);
+            let payload = ctx.payload(&acc[off[sb]..off[sb + 1]]);
+            let incoming = ctx.recv(left, s as u32);
+            let dst = &mut acc[off[rb]..off[rb + 1]];
+            try_join(ctx.send(right, s as u32, payload), async move { reduce_in(op, dst, &incoming.await?) }).await?;
+        }
+        recv.copy_from_slice(&acc[off[me]..off[me + 1]]);
+        if op == ReduceOp::Avg {
+            E::div_count(recv, n);
+        }
+        Ok(())
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}
+
+/// Pairwise-exchange alltoall(v): rank `r` sends block `g` of `send`
+/// (`send_counts[g]` elements) to rank `g`, and receives rank `g`'s block for it into
+/// block `g` of `recv` (`recv_counts[g]` elements). Step `s` exchanges with ranks
+/// `r + s` and `r - s`, so every rank sends to one peer and receives from one per step.
+///
+/// # Errors
+/// Wrong buffer lengths or counts; a peer's block of another length than
+/// `recv_counts` says (mismatch); peer failure; timeout; abort.
+pub async fn pairwise_alltoallv<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    send: &[E],
+    send_counts: &[usize],
+    recv: &mut [E],
+    recv_counts: &[usize],
+) -> Result<()> {
+    let body = async {
+        let (n, me) = (ctx.size(), ctx.rank());
+        if send_counts.len() != n || recv_counts.len() != n {
+            return Err(Error::invalid(format!(
+                "{} send counts and {} receive counts for {n} ranks",
+                send_counts.len(),
+                recv_counts.len()
+            )));
+        }
+        let (so, ro) = (offsets(send_counts), offsets(recv_counts));
+        if send.len() != so[n] || recv.len() != ro[n] {
+            return Err(Error::invalid(format!(
+                "alltoall buffers hold {} and {} elements, the counts say {} and {}",
+                send.len(),
+                recv.len(),
+                so[n],
+                ro[n]
+            )));
+        }
+        if send_counts[me] != recv_counts[me] {
+            return Err(Error::invalid(format!(
+                "this rank sends itself {} elements but expects {}",
+                send_counts[me], recv_counts[me]
+            )));
+        }
+        let mut blocks = split_blocks(recv, &ro);
+        blocks[me].copy_from_slice(&send[so[me]..so[me + 1]]);
+        for s in 1..n {
+            let (dst, src) = ((me + s) % n, (me + n - s) % n);
+            let incoming = ctx.recv(src, 0);
+            let blk = &mut *blocks[src];
+            let payload = ctx.payload(&send[so[dst]..so[dst + 1]]);
+            try_join(ctx.send(dst, 0, payload), async move {
+                let data = incoming.await?;
+                let want = std::mem::size_of_val(blk);
+                if data.len() != want {
+                    return Err(Error::new(
+                        ErrorKind::Mismatch,
+                        format!(
+                            "rank {src} sent {} elements, this rank expected {}",
+                            data.len() / std::mem::size_of::<E>(),
+                            blk.len()
+                        ),
+                    )
+                    .with_peer(src));
+                }
+                copy_in(blk, &data)
+            })
+            .await?;
+        }
+        Ok(())
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}
+
+/// Ring allgatherv: block `g` of `recv` (`counts[g]` elements) receives rank `g`'s
+/// `send`.
+///
+/// # Errors
+/// Wrong buffer lengths or counts; mismatched signatures; peer failure; timeout;
+/// abort.
+pub async fn ring_allgatherv<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    send: &[E],
+    recv: &mut [E],
+    counts: &[usize],
+) -> Result<()> {
+    let body = async {
+        let (n, me) = (ctx.size(), ctx.rank());
+        check_counts(counts, n, send.len(), me)?;
+        let off = offsets(counts);
+        if recv.len() != off[n] {
+            return Err(Error::invalid(format!("allgatherv receive buffer holds {}, {} expected", recv.len(), off[n])));
+        }
+        recv[off[me]..off[me + 1]].copy_from_slice(send);
+        let ring = ctx.ring();
+        let pos = ring.iter().position(|&r| r == me).expect("the ring holds every rank");
+        let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
+        for s in 0..n.saturating_sub(1) {
+            let (sb, rb) = (ring[(pos + n - s) % n], ring[(pos + 2 * n - s - 1) % n]);
+            let payload = ctx.payload(&recv[off[sb]..off[sb + 1]]);
+            let incoming = ctx.recv(left, s as u32);
+            let dst = &mut recv[off[rb]..off[rb + 1]];
+            try_join(ctx.send(right, s as u32, payload), async move { copy_in(dst, &incoming.await?) }).await?;
+        }
+        Ok(())
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}

@@ -1,0 +1,270 @@
+//! Rooted collectives: broadcast, reduce, gather(v), scatter(v).
+
+use futures::future::try_join_all;
+use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
+
+use crate::{OpCtx, check_reduce_op, copy_in, counts_hash, offsets, reduce_in};
+
+/// Messages above this size are broadcast along a pipelined chain instead of a
+/// binomial tree (when there are more than two ranks).
+pub const BCAST_CHAIN_MIN_BYTES: usize = 512 << 10;
+/// Piece size of the pipelined chain broadcast.
+pub const BCAST_CHAIN_CHUNK_BYTES: usize = 256 << 10;
+
+/// Broadcast algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BcastAlgo {
+    /// `ceil(log2 n)` rounds; each round doubles the ranks that hold the data.
+    Binomial,
+    /// Ranks in a chain from the root; the message travels in pieces, so every link
+    /// is busy at once.
+    Chain,
+}
+
+impl BcastAlgo {
+    pub fn name(self) -> &'static str {
+        match self {
+            BcastAlgo::Binomial => "binomial",
+            BcastAlgo::Chain => "chain",
+        }
+    }
+
+    /// The algorithm for `bytes` over `n` ranks. A size threshold for now; the cost
+    /// model of the collectives issue replaces it.
+    pub fn choose(n: usize, bytes: usize) -> BcastAlgo {
+        if n > 2 && bytes >= BCAST_CHAIN_MIN_BYTES { BcastAlgo::Chain } else { BcastAlgo::Binomial }
+    }
+}
+
+pub(crate) fn check_root(root: usize, n: usize) -> Result<()> {
+    if root < n { Ok(()) } else { Err(Error::invalid(format!("root {root} out of range for {n} ranks"))) }
+}
+
+/// Signature of a rooted collective.
+pub fn rooted_signature<E: Element>(op: OpKind, count: u64, reduce: Option<ReduceOp>, root: usize) -> Signature {
+    Signature { op, dtype: Some(E::DTYPE), reduce, count, root: Some(root as u32) }
+}
+
+/// Broadcast of `buf` from `root` to every rank.
+///
+/// # Errors
+/// Root out of range; mismatched signatures; peer failure; timeout; abort.
+pub async fn broadcast<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    buf: &mut [E],
+    root: usize,
+    algo: BcastAlgo,
+) -> Result<()> {
+    let body = async {
+        let n = ctx.size();
+        check_root(root, n)?;
+        match algo {
+            BcastAlgo::Binomial => bcast_binomial(&ctx, buf, root).await,
+            BcastAlgo::Chain => bcast_chain(&ctx, buf, root).await,
+        }
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}
+
+async fn bcast_binomial<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], root: usize) -> Result<()> {
+    let (n, vr) = (ctx.size(), (ctx.rank() + ctx.size() - root) % ctx.size());
+    let real = |v: usize| (v + root) % n;
+    let mut mask = 1;
+    while mask < n {
+        if vr & mask != 0 {
+            copy_in(buf, &ctx.recv(real(vr - mask), 0).await?)?;
+            break;
+        }
+        mask <<= 1;
+    }
+    let payload = ctx.payload(buf);
+    let mut sends = Vec::new();
+    mask >>= 1;
+    while mask > 0 {
+        if vr + mask < n {
+            sends.push(ctx.send(real(vr + mask), 0, payload.clone()));
+        }
+        mask >>= 1;
+    }
+    try_join_all(sends).await?;
+    Ok(())
+}
+
+async fn bcast_chain<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], root: usize) -> Result<()> {
+    let (n, vr) = (ctx.size(), (ctx.rank() + ctx.size() - root) % ctx.size());
+    let (prev, next) = ((ctx.rank() + n - 1) % n, (ctx.rank() + 1) % n);
+    let per = (BCAST_CHAIN_CHUNK_BYTES / std::mem::size_of::<E>()).max(1);
+    let mut pieces: Vec<&mut [E]> = buf.chunks_mut(per).collect();
+    if pieces.is_empty() {
+        // An empty buffer still travels as one empty piece, so that every rank hears
+        // from its predecessor (and checks its signature).
+        pieces.push(&mut []);
+    }
+    // Receives are posted up front; each piece is forwarded as soon as it arrives
+    // (sends are queued when called), so the pieces stream down the chain.
+    let recvs: Vec<_> = if vr > 0 { (0..pieces.len()).map(|k| ctx.recv(prev, k as u32)).collect() } else { Vec::new() };
+    let mut recvs = recvs.into_iter();
+    let mut sends = Vec::new();
+    for (k, piece) in pieces.into_iter().enumerate() {
+        if let Some(r) = recvs.next() {
+            copy_in(piece, &r.await?)?;
+        }
+        if vr + 1 < n {
+            sends.push(ctx.send(next, k as u32, ctx.payload(piece)));
+        }
+    }
+    try_join_all(sends).await?;
+    Ok(())
+}
+
+/// Binomial-tree reduction of every rank's `buf` into `buf` at `root`. The other
+/// ranks' buffers are left as they were.
+///
+/// # Errors
+/// Root out of range; operator undefined for `E`; mismatched signatures; peer
+/// failure; timeout; abort.
+pub async fn reduce<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    buf: &mut [E],
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let body = async {
+        let n = ctx.size();
+        check_root(root, n)?;
+        check_reduce_op::<E>(op)?;
+        let vr = (ctx.rank() + n - root) % n;
+        let real = |v: usize| (v + root) % n;
+        let mut scratch;
+        let acc: &mut [E] = if vr == 0 {
+            buf
+        } else {
+            scratch = buf.to_vec();
+            &mut scratch
+        };
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask == 0 {
+                let child = vr | mask;
+                if child < n {
+                    reduce_in(op, acc, &ctx.recv(real(child), 0).await?)?;
+                }
+            } else {
+                ctx.send(real(vr - mask), 0, ctx.payload(acc)).await?;
+                return Ok(());
+            }
+            mask <<= 1;
+        }
+        if op == ReduceOp::Avg {
+            E::div_count(acc, n);
+        }
+        Ok(())
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}
+
+/// Gathers `send` from every rank into `recv` at `root`, block `g` from rank `g`
+/// (`counts[g]` elements; every rank passes the same `counts`). `recv` is used only at
+/// the root, where it must hold the sum of `counts`.
+///
+/// # Errors
+/// Root out of range; `send` not `counts[rank]` long; `recv` of the wrong length at
+/// the root; mismatched signatures; peer failure; timeout; abort.
+pub async fn gatherv<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    send: &[E],
+    recv: &mut [E],
+    counts: &[usize],
+    root: usize,
+) -> Result<()> {
+    let body = async {
+        let (n, me) = (ctx.size(), ctx.rank());
+        check_root(root, n)?;
+        check_counts(counts, n, send.len(), me)?;
+        if me != root {
+            return ctx.send(root, 0, ctx.payload(send)).await;
+        }
+        let off = offsets(counts);
+        if recv.len() != off[n] {
+            return Err(Error::invalid(format!("gather receive buffer holds {}, {} expected", recv.len(), off[n])));
+        }
+        let mut blocks = split_blocks(recv, &off);
+        blocks[me].copy_from_slice(send);
+        try_join_all(blocks.into_iter().enumerate().filter(|(g, _)| *g != me).map(|(g, blk)| {
+            let r = ctx.recv(g, 0);
+            async move { copy_in(blk, &r.await?) }
+        }))
+        .await?;
+        Ok(())
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}
+
+/// Scatters `send` (at `root`: the sum of `counts` elements) so that rank `g`
+/// receives block `g` (`counts[g]` elements) into `recv`. `send` is used only at the
+/// root.
+///
+/// # Errors
+/// As [`gatherv`], mirrored.
+pub async fn scatterv<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    send: &[E],
+    recv: &mut [E],
+    counts: &[usize],
+    root: usize,
+) -> Result<()> {
+    let body = async {
+        let (n, me) = (ctx.size(), ctx.rank());
+        check_root(root, n)?;
+        check_counts(counts, n, recv.len(), me)?;
+        if me != root {
+            return copy_in(recv, &ctx.recv(root, 0).await?);
+        }
+        let off = offsets(counts);
+        if send.len() != off[n] {
+            return Err(Error::invalid(format!("scatter send buffer holds {}, {} expected", send.len(), off[n])));
+        }
+        recv.copy_from_slice(&send[off[me]..off[me + 1]]);
+        try_join_all((0..n).filter(|&g| g != me).map(|g| ctx.send(g, 0, ctx.payload(&send[off[g]..off[g + 1]]))))
+            .await?;
+        Ok(())
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}
+
+pub(crate) fn check_counts(counts: &[usize], n: usize, mine: usize, me: usize) -> Result<()> {
+    if counts.len() != n {
+        return Err(Error::invalid(format!("{} counts for {n} ranks", counts.len())));
+    }
+    if counts[me] != mine {
+        return Err(Error::invalid(format!("counts[{me}] is {} but this rank's buffer holds {mine}", counts[me])));
+    }
+    Ok(())
+}
+
+/// Cuts `buf` into consecutive blocks at `off` (prefix sums).
+pub(crate) fn split_blocks<'b, E>(buf: &'b mut [E], off: &[usize]) -> Vec<&'b mut [E]> {
+    let mut rest = buf;
+    off.windows(2)
+        .map(|w| {
+            let (blk, tail) = std::mem::take(&mut rest).split_at_mut(w[1] - w[0]);
+            rest = tail;
+            blk
+        })
+        .collect()
+}
+
+/// Signature of a v-variant: the counts travel as a hash, so that ranks that pass
+/// different counts find out.
+pub fn v_signature<E: Element>(
+    op: OpKind,
+    counts: &[usize],
+    reduce: Option<ReduceOp>,
+    root: Option<usize>,
+) -> Signature {
+    Signature { op, dtype: Some(E::DTYPE), reduce, count: counts_hash(counts), root: root.map(|r| r as u32) }
+}
