@@ -53,6 +53,7 @@ fn codec(c: &mut Criterion) {
         reduce: Some(ReduceOp::Sum),
         count: 1 << 20,
         root: None,
+        algo: 0,
     };
     let h = Header::data(3, 9, 12345, 77, &sig, 4096);
     let bytes = h.encode();

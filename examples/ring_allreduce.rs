@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use hcomm::{Communicator, LocalTransport, ReduceOp};
+use hcomm::{AllreduceAlgo, Communicator, LocalTransport, ReduceOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Kind {
@@ -41,6 +41,18 @@ struct Args {
     /// Timed iterations (after 2 warm-up iterations).
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Allreduce algorithm: ring, recursive_doubling, rabenseifner, tree, ordered, or
+    /// auto (the cost model's choice, or HCOMM_ALGO_ALLREDUCE).
+    #[arg(long, default_value = "ring")]
+    algo: String,
+}
+
+/// The algorithm to force, or `None` for the communicator's choice.
+fn algo_of(args: &Args) -> Option<AllreduceAlgo> {
+    match args.algo.as_str() {
+        "auto" => None,
+        name => Some(name.parse().unwrap_or_else(|e| fail(e))),
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -77,7 +89,11 @@ async fn rank_main<T: LocalTransport>(comm: &Communicator<T>, args: &Args) -> Re
         fill(comm.rank(), &mut buf);
         comm.barrier().await.map_err(|e| e.to_string())?;
         let t0 = Instant::now();
-        comm.all_reduce(&mut buf, ReduceOp::Sum).await.map_err(|e| e.to_string())?;
+        match algo_of(args) {
+            Some(a) => comm.all_reduce_with(&mut buf, ReduceOp::Sum, a).await,
+            None => comm.all_reduce(&mut buf, ReduceOp::Sum).await,
+        }
+        .map_err(|e| e.to_string())?;
         let dt = t0.elapsed();
         verify(comm.size(), comm.rank(), &buf)?;
         if it >= 2 {
@@ -94,7 +110,8 @@ fn report(n: usize, transport: &str, how: &str, args: &Args, times: &mut [Durati
     let algbw = bytes / med / 1e9;
     let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
     println!(
-        "ring allreduce: {n} ranks ({how}), transport {transport}, {} bytes f32 sum, {} iterations",
+        "allreduce ({}): {n} ranks ({how}), transport {transport}, {} bytes f32 sum, {} iterations",
+        args.algo,
         bytes as u64,
         times.len()
     );
@@ -148,6 +165,7 @@ fn main() {
     if args.ranks == 0 {
         fail("--ranks must be at least 1");
     }
+    algo_of(&args);
     if hcomm::env::LaunchEnv::launched() {
         return as_rank(&args);
     }

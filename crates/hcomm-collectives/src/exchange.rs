@@ -147,18 +147,32 @@ pub async fn ring_allgatherv<T: LocalTransport, E: Element>(
             return Err(Error::invalid(format!("allgatherv receive buffer holds {}, {} expected", recv.len(), off[n])));
         }
         recv[off[me]..off[me + 1]].copy_from_slice(send);
-        let ring = ctx.ring();
-        let pos = ring.iter().position(|&r| r == me).expect("the ring holds every rank");
-        let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
-        for s in 0..n.saturating_sub(1) {
-            let (sb, rb) = (ring[(pos + n - s) % n], ring[(pos + 2 * n - s - 1) % n]);
-            let payload = ctx.payload(&recv[off[sb]..off[sb + 1]]);
-            let incoming = ctx.recv(left, s as u32);
-            let dst = &mut recv[off[rb]..off[rb + 1]];
-            try_join(ctx.send(right, s as u32, payload), async move { copy_in(dst, &incoming.await?) }).await?;
-        }
-        Ok(())
+        ring_allgatherv_in(&ctx, recv, counts, 0).await
     };
     let r = ctx.deadline(body).await;
     ctx.finish(r)
+}
+
+/// Ring allgatherv within `buf`, where this rank's block (`counts[rank]` elements at
+/// its offset) is already in place; step tags start at `tag`.
+pub(crate) async fn ring_allgatherv_in<T: LocalTransport, E: Element>(
+    ctx: &OpCtx<'_, T>,
+    buf: &mut [E],
+    counts: &[usize],
+    tag: u32,
+) -> Result<()> {
+    let (n, me) = (ctx.size(), ctx.rank());
+    let off = offsets(counts);
+    let ring = ctx.ring();
+    let pos = ring.iter().position(|&r| r == me).expect("the ring holds every rank");
+    let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
+    for s in 0..n.saturating_sub(1) {
+        let (sb, rb) = (ring[(pos + n - s) % n], ring[(pos + 2 * n - s - 1) % n]);
+        let payload = ctx.payload(&buf[off[sb]..off[sb + 1]]);
+        let step_tag = tag + s as u32;
+        let incoming = ctx.recv(left, step_tag);
+        let dst = &mut buf[off[rb]..off[rb + 1]];
+        try_join(ctx.send(right, step_tag, payload), async move { copy_in(dst, &incoming.await?) }).await?;
+    }
+    Ok(())
 }

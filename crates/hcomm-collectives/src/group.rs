@@ -12,6 +12,8 @@ use hcomm_core::{
     Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature,
 };
 use hcomm_topology::Topology;
+
+use crate::allreduce::Tuning;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -27,6 +29,7 @@ pub struct Group<T> {
     ring: Arc<[usize]>,
     next_seq: AtomicU64,
     timeout: Duration,
+    tuning: Tuning,
 }
 
 impl<T: LocalTransport> Group<T> {
@@ -49,7 +52,18 @@ impl<T: LocalTransport> Group<T> {
         timeout: Duration,
     ) -> Group<T> {
         let ring = topology.ring_order().into();
-        Group { transport, comm, members: members.into(), me, topology, ring, next_seq: AtomicU64::new(1), timeout }
+        let tuning = Tuning::for_transport(transport.name());
+        Group {
+            transport,
+            comm,
+            members: members.into(),
+            me,
+            topology,
+            ring,
+            next_seq: AtomicU64::new(1),
+            timeout,
+            tuning,
+        }
     }
 
     /// The group of `members` (group ranks of `self`, in the new rank order) with
@@ -57,7 +71,9 @@ impl<T: LocalTransport> Group<T> {
     pub fn subgroup(&self, comm: u64, members: &[usize]) -> Option<Group<T>> {
         let me = members.iter().position(|&m| m == self.me)?;
         let world: Vec<Rank> = members.iter().map(|&m| self.members[m]).collect();
-        Some(Group::build(self.transport.clone(), comm, world, me, self.topology.subset(members), self.timeout))
+        let mut g = Group::build(self.transport.clone(), comm, world, me, self.topology.subset(members), self.timeout);
+        g.tuning = self.tuning.clone();
+        Some(g)
     }
 
     /// This rank's index in the group.
@@ -95,6 +111,15 @@ impl<T: LocalTransport> Group<T> {
 
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// How this group chooses algorithms.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    pub fn set_tuning(&mut self, tuning: Tuning) {
+        self.tuning = tuning;
     }
 
     /// Number of collectives started so far.
@@ -205,7 +230,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         let fut = self.g.transport.mailbox().recv(key);
         *self.waiting.lock().entry(from).or_insert(0) += 1;
         async move {
-            let r = fut.await;
+            // A failed receive leaves its entry: this rank is still waiting for `from`.
+            let frame = fut.await?;
             {
                 let mut w = self.waiting.lock();
                 if let Some(c) = w.get_mut(&from) {
@@ -215,7 +241,6 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
                     }
                 }
             }
-            let frame = r?;
             let theirs = frame.header.signature();
             if theirs != self.sig {
                 return Err(Error::new(
@@ -232,8 +257,22 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// operation's deadline; pass the result to [`OpCtx::finish`].
     pub async fn deadline<R>(&self, body: impl Future<Output = Result<R>>) -> Result<R> {
         match tokio::time::timeout_at(self.deadline, body).await {
-            Ok(r) => r,
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.with_waiting(e)),
             Err(_) => Err(self.timeout_error()),
+        }
+    }
+
+    /// A failure that came from elsewhere (an abort, a dead peer) says which ranks
+    /// this rank was still waiting for, so that a chain of waiting ranks leads to the
+    /// one that never came.
+    fn with_waiting(&self, e: Error) -> Error {
+        let waiting: Vec<String> = self.waiting.lock().keys().map(|r| r.to_string()).collect();
+        match e.kind() {
+            ErrorKind::Aborted | ErrorKind::Timeout | ErrorKind::PeerFailed if !waiting.is_empty() => {
+                e.note(format!("this rank was still waiting for ranks [{}]", waiting.join(", ")))
+            }
+            _ => e,
         }
     }
 

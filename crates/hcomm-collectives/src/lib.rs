@@ -6,15 +6,19 @@
 //! pipelined ring, the send and the receive of one step) are joined futures, so one
 //! task drives them all without a thread of ours.
 
+mod allreduce;
 mod elem;
 mod exchange;
 mod group;
 mod rooted;
 mod scan;
 
-use futures::future::{try_join, try_join_all};
+use futures::future::try_join;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
+pub use allreduce::{
+    AllreduceAlgo, CostModel, RING_CHUNK_BYTES, RING_MAX_COLUMNS, Tuning, allreduce, allreduce_signature,
+};
 pub use elem::{copy_in, reduce_in, to_vec};
 pub use exchange::{pairwise_alltoallv, ring_allgatherv, ring_reduce_scatter};
 pub use group::{Group, OpCtx};
@@ -38,130 +42,6 @@ pub fn counts_hash(counts: &[usize]) -> u64 {
         .iter()
         .flat_map(|c| (*c as u64).to_le_bytes())
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
-}
-
-/// Target size of one pipelined piece of a ring allreduce. A segment larger than this
-/// is cut into columns that travel the ring independently, so that reducing one piece
-/// overlaps sending the next.
-pub const RING_CHUNK_BYTES: usize = 256 << 10;
-/// Most columns a ring allreduce uses.
-pub const RING_MAX_COLUMNS: usize = 64;
-
-/// Signature of an allreduce of `count` elements of `E` with `op`.
-pub fn allreduce_signature<E: Element>(count: usize, op: ReduceOp) -> Signature {
-    Signature { op: OpKind::AllReduce, dtype: Some(E::DTYPE), reduce: Some(op), count: count as u64, root: None }
-}
-
-/// Checks the arguments every rank can check alone.
-pub fn check_reduce_op<E: Element>(op: ReduceOp) -> Result<()> {
-    if op.supports(E::DTYPE) {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!("reduce operator {op} is not defined for {}", E::DTYPE)))
-    }
-}
-
-/// Start of part `i` of `total` cut into `parts` near-equal parts.
-fn bound(total: usize, parts: usize, i: usize) -> usize {
-    (total as u128 * i as u128 / parts as u128) as usize
-}
-
-fn ring_tag(step: usize, column: usize) -> u32 {
-    ((step as u32) << 8) | column as u32
-}
-
-/// Cuts `buf` into `n` segments of `m` pieces each and returns them by column:
-/// `cols[c][j]` is piece `c` of segment `j`.
-fn carve<E>(buf: &mut [E], n: usize, m: usize) -> Vec<Vec<&mut [E]>> {
-    let count = buf.len();
-    let mut cols: Vec<Vec<&mut [E]>> = (0..m).map(|_| Vec::with_capacity(n)).collect();
-    let mut rest = buf;
-    for j in 0..n {
-        let (mut seg, tail) = std::mem::take(&mut rest).split_at_mut(bound(count, n, j + 1) - bound(count, n, j));
-        rest = tail;
-        let seg_len = seg.len();
-        for (c, col) in cols.iter_mut().enumerate() {
-            let (piece, t) = std::mem::take(&mut seg).split_at_mut(bound(seg_len, m, c + 1) - bound(seg_len, m, c));
-            seg = t;
-            col.push(piece);
-        }
-    }
-    cols
-}
-
-/// Ring allreduce: reduce-scatter then allgather around a ring in host-contiguous
-/// order, `2(n-1)/n · S` bytes sent per rank. Segments above [`RING_CHUNK_BYTES`] are
-/// cut into columns that go round the ring concurrently (pipelining). Every rank ends
-/// with bitwise identical results: each segment is reduced once, by its owner, and
-/// copied to the others.
-///
-/// # Errors
-/// Invalid operator for the element type; mismatched signatures; peer failure;
-/// timeout; abort by another rank.
-pub async fn ring_allreduce<T: LocalTransport, E: Element>(
-    ctx: OpCtx<'_, T>,
-    buf: &mut [E],
-    op: ReduceOp,
-) -> Result<()> {
-    let body = async {
-        check_reduce_op::<E>(op)?;
-        let n = ctx.size();
-        if n == 1 {
-            return Ok(());
-        }
-        let ring = ctx.ring();
-        let pos = ring.iter().position(|&r| r == ctx.rank()).expect("the ring holds every rank");
-        let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
-        let seg_bytes = buf.len().div_ceil(n) * std::mem::size_of::<E>();
-        let m = seg_bytes.div_ceil(RING_CHUNK_BYTES).clamp(1, RING_MAX_COLUMNS);
-        tracing::trace!(seq = ctx.seq(), n, count = buf.len(), columns = m, "ring allreduce");
-        let ctx = &ctx;
-        try_join_all(
-            carve(buf, n, m)
-                .into_iter()
-                .enumerate()
-                .map(|(c, pieces)| async move { ring_column(ctx, pieces, c, pos, left, right, op).await }),
-        )
-        .await?;
-        Ok(())
-    };
-    let r = ctx.deadline(body).await;
-    ctx.finish(r)
-}
-
-async fn ring_column<T: LocalTransport, E: Element>(
-    ctx: &OpCtx<'_, T>,
-    mut pieces: Vec<&mut [E]>,
-    col: usize,
-    pos: usize,
-    left: usize,
-    right: usize,
-    op: ReduceOp,
-) -> Result<()> {
-    let n = pieces.len();
-    // Reduce-scatter: after step s, the piece received is reduced over s + 2 ranks.
-    for s in 0..n - 1 {
-        let (send_seg, recv_seg) = ((pos + n - s) % n, (pos + 2 * n - s - 1) % n);
-        let tag = ring_tag(s, col);
-        let payload = ctx.payload(pieces[send_seg]);
-        let recv = ctx.recv(left, tag);
-        let dst = &mut *pieces[recv_seg];
-        try_join(ctx.send(right, tag, payload), async move { reduce_in(op, dst, &recv.await?) }).await?;
-    }
-    let own = (pos + 1) % n;
-    if op == ReduceOp::Avg {
-        E::div_count(pieces[own], n);
-    }
-    // Allgather: pass the reduced pieces on.
-    for s in 0..n - 1 {
-        let (send_seg, recv_seg) = ((pos + 1 + n - s) % n, (pos + n - s) % n);
-        let tag = ring_tag(n - 1 + s, col);
-        let payload = ctx.payload(pieces[send_seg]);
-        let recv = ctx.recv(left, tag);
-        let dst = &mut *pieces[recv_seg];
-        try_join(ctx.send(right, tag, payload), async move { copy_in(dst, &recv.await?) }).await?;
-    }
-    Ok(())
 }
 
 /// Dissemination barrier: `ceil(log2 n)` rounds; in round `k` each rank signals rank
@@ -188,7 +68,7 @@ pub async fn barrier<T: LocalTransport>(ctx: OpCtx<'_, T>) -> Result<()> {
 
 /// Signature of an allgather of `count` elements of `E` per rank.
 pub fn allgather_signature<E: Element>(count: usize) -> Signature {
-    Signature { op: OpKind::AllGather, dtype: Some(E::DTYPE), reduce: None, count: count as u64, root: None }
+    Signature { op: OpKind::AllGather, dtype: Some(E::DTYPE), reduce: None, count: count as u64, root: None, algo: 0 }
 }
 
 /// Ring allgather: `recv[g*c..(g+1)*c]` receives rank `g`'s `send` (`c = send.len()`),
@@ -260,23 +140,16 @@ pub async fn split<'g, T: LocalTransport>(ctx: OpCtx<'g, T>, color: Option<u32>,
     Ok(g.subgroup(comm, &members))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn carve_covers_everything_once() {
-        for count in [0usize, 1, 7, 64, 1001] {
-            for n in 1..6 {
-                for m in 1..4 {
-                    let mut buf: Vec<usize> = (0..count).collect();
-                    let cols = carve(&mut buf, n, m);
-                    assert_eq!(cols.len(), m);
-                    let mut seen: Vec<usize> = cols.iter().flatten().flat_map(|p| p.iter().copied()).collect();
-                    seen.sort();
-                    assert_eq!(seen, (0..count).collect::<Vec<_>>());
-                }
-            }
-        }
+/// Checks the arguments every rank can check alone.
+pub fn check_reduce_op<E: Element>(op: ReduceOp) -> Result<()> {
+    if op.supports(E::DTYPE) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!("reduce operator {op} is not defined for {}", E::DTYPE)))
     }
+}
+
+/// Start of part `i` of `total` cut into `parts` near-equal parts.
+pub(crate) fn bound(total: usize, parts: usize, i: usize) -> usize {
+    (total as u128 * i as u128 / parts as u128) as usize
 }

@@ -42,7 +42,7 @@ pub(crate) fn check_root(root: usize, n: usize) -> Result<()> {
 
 /// Signature of a rooted collective.
 pub fn rooted_signature<E: Element>(op: OpKind, count: u64, reduce: Option<ReduceOp>, root: usize) -> Signature {
-    Signature { op, dtype: Some(E::DTYPE), reduce, count, root: Some(root as u32) }
+    Signature { op, dtype: Some(E::DTYPE), reduce, count, root: Some(root as u32), algo: 0 }
 }
 
 /// Broadcast of `buf` from `root` to every rank.
@@ -59,7 +59,7 @@ pub async fn broadcast<T: LocalTransport, E: Element>(
         let n = ctx.size();
         check_root(root, n)?;
         match algo {
-            BcastAlgo::Binomial => bcast_binomial(&ctx, buf, root).await,
+            BcastAlgo::Binomial => bcast_binomial(&ctx, buf, root, 0).await,
             BcastAlgo::Chain => bcast_chain(&ctx, buf, root).await,
         }
     };
@@ -67,13 +67,18 @@ pub async fn broadcast<T: LocalTransport, E: Element>(
     ctx.finish(r)
 }
 
-async fn bcast_binomial<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], root: usize) -> Result<()> {
+pub(crate) async fn bcast_binomial<T: LocalTransport, E: Element>(
+    ctx: &OpCtx<'_, T>,
+    buf: &mut [E],
+    root: usize,
+    tag: u32,
+) -> Result<()> {
     let (n, vr) = (ctx.size(), (ctx.rank() + ctx.size() - root) % ctx.size());
     let real = |v: usize| (v + root) % n;
     let mut mask = 1;
     while mask < n {
         if vr & mask != 0 {
-            copy_in(buf, &ctx.recv(real(vr - mask), 0).await?)?;
+            copy_in(buf, &ctx.recv(real(vr - mask), tag).await?)?;
             break;
         }
         mask <<= 1;
@@ -83,7 +88,7 @@ async fn bcast_binomial<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: 
     mask >>= 1;
     while mask > 0 {
         if vr + mask < n {
-            sends.push(ctx.send(real(vr + mask), 0, payload.clone()));
+            sends.push(ctx.send(real(vr + mask), tag, payload.clone()));
         }
         mask >>= 1;
     }
@@ -134,35 +139,46 @@ pub async fn reduce<T: LocalTransport, E: Element>(
         let n = ctx.size();
         check_root(root, n)?;
         check_reduce_op::<E>(op)?;
-        let vr = (ctx.rank() + n - root) % n;
-        let real = |v: usize| (v + root) % n;
-        let mut scratch;
-        let acc: &mut [E] = if vr == 0 {
-            buf
-        } else {
-            scratch = buf.to_vec();
-            &mut scratch
-        };
-        let mut mask = 1;
-        while mask < n {
-            if vr & mask == 0 {
-                let child = vr | mask;
-                if child < n {
-                    reduce_in(op, acc, &ctx.recv(real(child), 0).await?)?;
-                }
-            } else {
-                ctx.send(real(vr - mask), 0, ctx.payload(acc)).await?;
-                return Ok(());
+        if ctx.rank() == root {
+            reduce_binomial(&ctx, buf, op, root, 0).await?;
+            if op == ReduceOp::Avg {
+                E::div_count(buf, n);
             }
-            mask <<= 1;
-        }
-        if op == ReduceOp::Avg {
-            E::div_count(acc, n);
+        } else {
+            // The caller's buffer stays as it was: reduce in a copy.
+            reduce_binomial(&ctx, &mut buf.to_vec(), op, root, 0).await?;
         }
         Ok(())
     };
     let r = ctx.deadline(body).await;
     ctx.finish(r)
+}
+
+/// Binomial-tree reduction towards `root`, accumulating in `acc` (the full result at
+/// the root; a partial elsewhere). No division for `Avg`.
+pub(crate) async fn reduce_binomial<T: LocalTransport, E: Element>(
+    ctx: &OpCtx<'_, T>,
+    acc: &mut [E],
+    op: ReduceOp,
+    root: usize,
+    tag: u32,
+) -> Result<()> {
+    let n = ctx.size();
+    let vr = (ctx.rank() + n - root) % n;
+    let real = |v: usize| (v + root) % n;
+    let mut mask = 1;
+    while mask < n {
+        if vr & mask == 0 {
+            let child = vr | mask;
+            if child < n {
+                reduce_in(op, acc, &ctx.recv(real(child), tag).await?)?;
+            }
+        } else {
+            return ctx.send(real(vr - mask), tag, ctx.payload(acc)).await;
+        }
+        mask <<= 1;
+    }
+    Ok(())
 }
 
 /// Gathers `send` from every rank into `recv` at `root`, block `g` from rank `g`
@@ -266,5 +282,5 @@ pub fn v_signature<E: Element>(
     reduce: Option<ReduceOp>,
     root: Option<usize>,
 ) -> Signature {
-    Signature { op, dtype: Some(E::DTYPE), reduce, count: counts_hash(counts), root: root.map(|r| r as u32) }
+    Signature { op, dtype: Some(E::DTYPE), reduce, count: counts_hash(counts), root: root.map(|r| r as u32), algo: 0 }
 }

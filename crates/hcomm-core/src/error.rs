@@ -119,6 +119,13 @@ impl Error {
         Error::new(kind, what).with_source(err)
     }
 
+    /// Appends `note` to the message (`message; note`).
+    pub fn note(mut self, note: impl AsRef<str>) -> Error {
+        self.0.message.push_str("; ");
+        self.0.message.push_str(note.as_ref());
+        self
+    }
+
     /// Attaches the underlying cause.
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Error {
         self.0.source = Some(Arc::new(source));

@@ -80,19 +80,25 @@ impl std::fmt::Debug for Mailbox {
     }
 }
 
-/// Decodes an abort frame's payload: an error-kind byte and a UTF-8 reason.
-pub fn decode_abort(payload: &[u8]) -> (ErrorKind, String) {
-    match payload.split_first() {
-        Some((k, reason)) => (ErrorKind::from_code(*k), String::from_utf8_lossy(reason).into_owned()),
-        None => (ErrorKind::Aborted, String::from("no reason given")),
+const NO_PEER: u32 = u32::MAX;
+
+/// Decodes an abort frame's payload: an error-kind byte, the peer the error names
+/// (`u32::MAX`: none; little-endian) and a UTF-8 reason.
+pub fn decode_abort(payload: &[u8]) -> (ErrorKind, Option<Rank>, String) {
+    if payload.len() < 5 {
+        return (ErrorKind::Aborted, None, String::from("no reason given"));
     }
+    let peer = u32::from_le_bytes([payload[1], payload[2], payload[3], payload[4]]);
+    let peer = (peer != NO_PEER).then_some(peer as Rank);
+    (ErrorKind::from_code(payload[0]), peer, String::from_utf8_lossy(&payload[5..]).into_owned())
 }
 
 /// Encodes an abort frame's payload.
 pub fn encode_abort(err: &Error) -> Bytes {
     let msg = err.to_string();
-    let mut v = Vec::with_capacity(1 + msg.len());
+    let mut v = Vec::with_capacity(5 + msg.len());
     v.push(err.kind() as u8);
+    v.extend_from_slice(&err.peer().map_or(NO_PEER, |p| p as u32).to_le_bytes());
     v.extend_from_slice(msg.as_bytes());
     Bytes::from(v)
 }
@@ -110,9 +116,11 @@ impl Mailbox {
         let h = frame.header;
         match h.kind {
             FrameKind::Abort => {
-                let (kind, reason) = decode_abort(&frame.payload);
+                // The error names the peer the aborting rank's error named (a failed
+                // rank, say), or else the aborting rank.
+                let (kind, peer, reason) = decode_abort(&frame.payload);
                 let err = Error::new(kind, format!("aborted by rank {}: {reason}", h.src))
-                    .with_peer(h.src as Rank)
+                    .with_peer(peer.unwrap_or(h.src as Rank))
                     .in_op(h.op, Some(h.seq));
                 self.abort_op(h.comm, h.seq, err);
             }

@@ -113,12 +113,15 @@ pub struct Signature {
     pub count: u64,
     /// Root rank, for rooted collectives.
     pub root: Option<u32>,
+    /// Algorithm code (0: not part of the signature), so that ranks that chose
+    /// different algorithms find out.
+    pub algo: u8,
 }
 
 impl Signature {
     /// A signature with no element type, operator or root.
     pub const fn bare(op: OpKind, count: u64) -> Signature {
-        Signature { op, dtype: None, reduce: None, count, root: None }
+        Signature { op, dtype: None, reduce: None, count, root: None, algo: 0 }
     }
 }
 
@@ -133,6 +136,9 @@ impl fmt::Display for Signature {
         }
         if let Some(root) = self.root {
             write!(f, ", root={root}")?;
+        }
+        if self.algo != 0 {
+            write!(f, ", algorithm={}", self.algo)?;
         }
         f.write_str(")")
     }

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //!  0  magic  "HCMF"        4  version u8   5  frame kind u8   6  op kind u8  7  dtype u8
-//!  8  reduce op u8         9  flags u8    10  reserved u16 (zero)
+//!  8  reduce op u8         9  algorithm u8 (part of the signature)   10  reserved u16 (zero)
 //! 12  src rank u32        16  comm id u64            24  seq u64
 //! 32  tag u32             36  root u32 (u32::MAX: none)
 //! 40  count u64 (the collective's element count: part of the signature)
@@ -131,7 +131,7 @@ impl Header {
             op: sig.op,
             dtype: sig.dtype,
             reduce: sig.reduce,
-            flags: 0,
+            flags: sig.algo,
             src: src as u32,
             comm,
             seq,
@@ -168,7 +168,14 @@ impl Header {
 
     /// The signature the sender declared.
     pub fn signature(&self) -> Signature {
-        Signature { op: self.op, dtype: self.dtype, reduce: self.reduce, count: self.count, root: self.root }
+        Signature {
+            op: self.op,
+            dtype: self.dtype,
+            reduce: self.reduce,
+            count: self.count,
+            root: self.root,
+            algo: self.flags,
+        }
     }
 
     /// Encodes into exactly [`HEADER_LEN`] bytes.
@@ -264,6 +271,7 @@ mod tests {
             reduce: Some(ReduceOp::Sum),
             count: 1000,
             root: None,
+            algo: 1,
         };
         let mut h = Header::data(3, 7, 42, 9, &sig, 4000);
         h.frag_len = 4000;

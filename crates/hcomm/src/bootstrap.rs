@@ -4,8 +4,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hcomm_collectives::Group;
-use hcomm_core::{Error, ErrorKind, OpKind, Result};
+use hcomm_collectives::{Group, Tuning};
+use hcomm_core::{Error, ErrorKind, LocalTransport, OpKind, Result};
 use hcomm_topology::{Topology, host_identity};
 use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh};
 use serde::{Deserialize, Serialize};
@@ -39,6 +39,9 @@ pub struct Config {
     pub stream: StreamOptions,
     /// Whether rank 0 serves the store (off when the caller runs one).
     pub serve_store: bool,
+    /// Read the algorithm tuning from the environment (`HCOMM_ALGO_ALLREDUCE`,
+    /// `HCOMM_REPRODUCIBLE`, `HCOMM_COST_*`; see `Tuning::with_env`).
+    pub tuning_from_env: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -68,6 +71,7 @@ impl Config {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             stream: StreamOptions::default(),
             serve_store: true,
+            tuning_from_env: false,
         }
     }
 
@@ -86,6 +90,9 @@ impl Config {
         if let Some(t) = duration_var("HCOMM_CONNECT_TIMEOUT")? {
             c.connect_timeout = t;
         }
+        c.tuning_from_env = true;
+        // Fail on a bad variable before connecting, not after.
+        Tuning::for_transport("tcp").with_env(|k| std::env::var(k).ok())?;
         Ok(c)
     }
 
@@ -126,7 +133,10 @@ impl Config {
     }
 
     fn finish(&self, t: StreamTransport, hosts: &[String], keep: Keep) -> Result<Communicator<StreamTransport>> {
-        let group = Group::world(Arc::new(t), 0, Topology::from_hosts(hosts), self.timeout)?;
+        let mut group = Group::world(Arc::new(t), 0, Topology::from_hosts(hosts), self.timeout)?;
+        if self.tuning_from_env {
+            group.set_tuning(Tuning::for_transport(group.transport().name()).with_env(|k| std::env::var(k).ok())?);
+        }
         tracing::debug!(rank = self.rank, size = self.size, hosts = group.topology().host_count(), "connected");
         Ok(Communicator::new(group, Arc::new(keep)))
     }

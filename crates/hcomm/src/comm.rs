@@ -99,9 +99,60 @@ impl<T: LocalTransport> Communicator<T> {
         buf: &'a mut [E],
         op: ReduceOp,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op));
-        let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = "ring");
-        coll::ring_allreduce(ctx, buf, op).instrument(span)
+        self.all_reduce_impl(buf, op, None)
+    }
+
+    /// [`Communicator::all_reduce`] with a chosen algorithm (instead of the cost
+    /// model's choice or `HCOMM_ALGO_ALLREDUCE`). Every rank must choose the same;
+    /// ranks that do not get a mismatch error. In reproducible mode, float reductions
+    /// use the ordered algorithm whatever is asked.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::all_reduce`].
+    pub fn all_reduce_with<'a, E: Element>(
+        &'a self,
+        buf: &'a mut [E],
+        op: ReduceOp,
+        algo: coll::AllreduceAlgo,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        self.all_reduce_impl(buf, op, Some(algo))
+    }
+
+    fn all_reduce_impl<'a, E: Element>(
+        &'a self,
+        buf: &'a mut [E],
+        op: ReduceOp,
+        asked: Option<coll::AllreduceAlgo>,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let bytes = std::mem::size_of_val(buf);
+        let algo = self.group.tuning().allreduce_algo(self.size(), bytes, E::DTYPE.is_float(), asked);
+        let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op, algo));
+        let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
+        coll::allreduce(ctx, buf, op, algo).instrument(span)
+    }
+
+    /// How this communicator chooses algorithms (cost model, forced algorithms,
+    /// reproducible mode).
+    pub fn tuning(&self) -> &coll::Tuning {
+        self.group.tuning()
+    }
+
+    /// Replaces the tuning for operations called from now on. Every rank must make the
+    /// same change at the same point.
+    pub fn set_tuning(&mut self, tuning: coll::Tuning) {
+        self.group.set_tuning(tuning);
+    }
+
+    /// Reproducible mode: float allreduces reduce every element in rank order
+    /// (`x_0 op x_1 op … op x_{n-1}`), so the result is bitwise the same whatever the
+    /// algorithm asked for and whatever the message size. Every rank must set the same.
+    pub fn set_reproducible(&mut self, on: bool) {
+        let mut t = self.group.tuning().clone();
+        t.reproducible = on;
+        self.group.set_tuning(t);
     }
 
     /// Waits until every rank has called the barrier.
@@ -185,8 +236,14 @@ impl<T: LocalTransport> Communicator<T> {
         data: &[E],
     ) -> impl Future<Output = Result<()>> + use<'c, T, E> {
         let payload = Bytes::copy_from_slice(bytemuck::cast_slice(data));
-        let sig =
-            Signature { op: OpKind::Send, dtype: Some(E::DTYPE), reduce: None, count: data.len() as u64, root: None };
+        let sig = Signature {
+            op: OpKind::Send,
+            dtype: Some(E::DTYPE),
+            reduce: None,
+            count: data.len() as u64,
+            root: None,
+            algo: 0,
+        };
         self.send_payload(dst, tag, sig, payload)
     }
 
@@ -487,6 +544,7 @@ impl<T: LocalTransport> Communicator<T> {
             reduce: Some(op),
             count: recv.len() as u64,
             root: None,
+            algo: 0,
         });
         let counts = vec![recv.len(); self.size()];
         let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = "ring");
@@ -536,6 +594,7 @@ impl<T: LocalTransport> Communicator<T> {
             reduce: None,
             count: block as u64,
             root: None,
+            algo: 0,
         });
         let span = tracing::debug_span!("alltoall", seq = ctx.seq(), block, dtype = %E::DTYPE, algo = "pairwise");
         let shape_ok = send.len() == recv.len() && send.len() % n == 0;
@@ -577,6 +636,7 @@ impl<T: LocalTransport> Communicator<T> {
             reduce: None,
             count: 0,
             root: None,
+            algo: 0,
         });
         let span = tracing::debug_span!("alltoallv", seq = ctx.seq(), dtype = %E::DTYPE, algo = "pairwise");
         coll::pairwise_alltoallv(ctx, send, send_counts, recv, recv_counts).instrument(span)
@@ -639,6 +699,7 @@ impl<T: LocalTransport> Communicator<T> {
             reduce: Some(op),
             count: buf.len() as u64,
             root: None,
+            algo: 0,
         });
         let span = tracing::debug_span!("scan", seq = ctx.seq(), exclusive, count = buf.len(), dtype = %E::DTYPE, %op, algo = "recursive_doubling");
         coll::scan(ctx, buf, op, exclusive).instrument(span)

@@ -119,21 +119,25 @@ async fn dropped_allreduce_aborts_on_peers_and_later_operations_work() {
 #[tokio::test(flavor = "current_thread")]
 async fn timeout_names_the_missing_rank() {
     tokio::time::pause();
-    let mut comms = hcomm::local(3);
-    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(5)));
-    let mut a = vec![1.0f32; 10];
-    let mut b = vec![1.0f32; 10];
-    // Rank 2 never calls.
-    let (ra, rb) =
-        futures::join!(comms[0].all_reduce(&mut a, ReduceOp::Sum), comms[1].all_reduce(&mut b, ReduceOp::Sum));
-    let ea = ra.unwrap_err();
-    let eb = rb.unwrap_err();
-    // Rank 1 waits on rank 0 (its left), rank 0 on rank 2: one times out naming rank 2;
-    // the other times out or is aborted by it.
-    let texts = [ea.to_string(), eb.to_string()];
-    assert!(texts.iter().any(|t| t.contains("ranks [2]")), "{texts:?}");
-    assert!(ea.is_timeout() || ea.is_aborted());
-    assert!(eb.is_timeout() || eb.is_aborted());
+    // Whatever the algorithm (and so whoever waits on whom), the errors name rank 2,
+    // the one that never called.
+    for algo in [hcomm::AllreduceAlgo::Ring, hcomm::AllreduceAlgo::RecursiveDoubling, hcomm::AllreduceAlgo::Tree] {
+        let mut comms = hcomm::local(3);
+        comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(5)));
+        let mut a = vec![1.0f32; 10];
+        let mut b = vec![1.0f32; 10];
+        let (ra, rb) = futures::join!(
+            comms[0].all_reduce_with(&mut a, ReduceOp::Sum, algo),
+            comms[1].all_reduce_with(&mut b, ReduceOp::Sum, algo)
+        );
+        let (ea, eb) = (ra.unwrap_err(), rb.unwrap_err());
+        let texts = [ea.to_string(), eb.to_string()];
+        assert!(texts.iter().any(|t| t.contains("ranks [2]")), "{algo:?}: {texts:?}");
+        for e in [ea, eb] {
+            assert!(e.is_timeout() || e.is_aborted(), "{algo:?}: {e}");
+            assert_eq!(e.seq(), Some(1));
+        }
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]

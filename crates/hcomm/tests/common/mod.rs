@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use futures::future::join_all;
-use hcomm::{Communicator, DType, Element, LocalTransport, ReduceOp, bf16, f16};
+use hcomm::{AllreduceAlgo, Communicator, DType, Element, LocalTransport, ReduceOp, bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -119,12 +119,33 @@ pub async fn check_allreduce<T: LocalTransport, E: TestElem>(
     op: ReduceOp,
     seed: u64,
 ) {
+    check_allreduce_with::<T, E>(comms, count, op, seed, None).await;
+}
+
+/// [`check_allreduce`] with a forced algorithm (`None`: the communicator's choice);
+/// returns rank 0's result.
+pub async fn check_allreduce_with<T: LocalTransport, E: TestElem>(
+    comms: &[Communicator<T>],
+    count: usize,
+    op: ReduceOp,
+    seed: u64,
+    algo: Option<AllreduceAlgo>,
+) -> Vec<E> {
     let n = comms.len();
-    let what =
-        format!("allreduce n={n} count={count} {} {op} seed={seed} over {}", E::DTYPE, comms[0].transport_name());
+    let what = format!(
+        "allreduce n={n} count={count} {} {op} {algo:?} seed={seed} over {}",
+        E::DTYPE,
+        comms[0].transport_name()
+    );
     let inputs = inputs::<E>(n, count, op, seed);
     let mut bufs = inputs.clone();
-    let results = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, op))).await;
+    let results = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| async move {
+        match algo {
+            Some(a) => c.all_reduce_with(b, op, a).await,
+            None => c.all_reduce(b, op).await,
+        }
+    }))
+    .await;
     for (r, res) in results.into_iter().enumerate() {
         res.unwrap_or_else(|e| panic!("{what}: rank {r} failed: {e}"));
     }
@@ -133,28 +154,40 @@ pub async fn check_allreduce<T: LocalTransport, E: TestElem>(
         assert!(a == b, "{what}: rank {r}'s result differs bitwise from rank 0's");
     }
     check_against_reference(&inputs, op, &bufs[0], &what);
+    bufs.swap_remove(0)
 }
 
 /// Every element type that supports `op`.
 pub async fn check_all_types<T: LocalTransport>(comms: &[Communicator<T>], count: usize, op: ReduceOp, seed: u64) {
+    check_all_types_with(comms, count, op, seed, None).await;
+}
+
+/// [`check_all_types`] with a forced algorithm.
+pub async fn check_all_types_with<T: LocalTransport>(
+    comms: &[Communicator<T>],
+    count: usize,
+    op: ReduceOp,
+    seed: u64,
+    algo: Option<AllreduceAlgo>,
+) {
     for d in DType::ALL {
         if !op.supports(d) {
             continue;
         }
         let s = seed ^ ((d as u64) << 32);
         match d {
-            DType::U8 => check_allreduce::<T, u8>(comms, count, op, s).await,
-            DType::I8 => check_allreduce::<T, i8>(comms, count, op, s).await,
-            DType::U16 => check_allreduce::<T, u16>(comms, count, op, s).await,
-            DType::I16 => check_allreduce::<T, i16>(comms, count, op, s).await,
-            DType::U32 => check_allreduce::<T, u32>(comms, count, op, s).await,
-            DType::I32 => check_allreduce::<T, i32>(comms, count, op, s).await,
-            DType::U64 => check_allreduce::<T, u64>(comms, count, op, s).await,
-            DType::I64 => check_allreduce::<T, i64>(comms, count, op, s).await,
-            DType::F16 => check_allreduce::<T, f16>(comms, count, op, s).await,
-            DType::BF16 => check_allreduce::<T, bf16>(comms, count, op, s).await,
-            DType::F32 => check_allreduce::<T, f32>(comms, count, op, s).await,
-            DType::F64 => check_allreduce::<T, f64>(comms, count, op, s).await,
+            DType::U8 => drop(check_allreduce_with::<T, u8>(comms, count, op, s, algo).await),
+            DType::I8 => drop(check_allreduce_with::<T, i8>(comms, count, op, s, algo).await),
+            DType::U16 => drop(check_allreduce_with::<T, u16>(comms, count, op, s, algo).await),
+            DType::I16 => drop(check_allreduce_with::<T, i16>(comms, count, op, s, algo).await),
+            DType::U32 => drop(check_allreduce_with::<T, u32>(comms, count, op, s, algo).await),
+            DType::I32 => drop(check_allreduce_with::<T, i32>(comms, count, op, s, algo).await),
+            DType::U64 => drop(check_allreduce_with::<T, u64>(comms, count, op, s, algo).await),
+            DType::I64 => drop(check_allreduce_with::<T, i64>(comms, count, op, s, algo).await),
+            DType::F16 => drop(check_allreduce_with::<T, f16>(comms, count, op, s, algo).await),
+            DType::BF16 => drop(check_allreduce_with::<T, bf16>(comms, count, op, s, algo).await),
+            DType::F32 => drop(check_allreduce_with::<T, f32>(comms, count, op, s, algo).await),
+            DType::F64 => drop(check_allreduce_with::<T, f64>(comms, count, op, s, algo).await),
         }
     }
 }
@@ -165,9 +198,15 @@ pub const NET_SIZES: &[usize] = &[0, 1, 7, 97, 1000, 4099, 65_537];
 
 /// The whole element type × operator matrix over `sizes`.
 pub async fn matrix<T: LocalTransport>(comms: &[Communicator<T>], sizes: &[usize]) {
+    matrix_with(comms, sizes, None).await;
+}
+
+/// [`matrix`] with a forced algorithm.
+pub async fn matrix_with<T: LocalTransport>(comms: &[Communicator<T>], sizes: &[usize], algo: Option<AllreduceAlgo>) {
     for (i, &count) in sizes.iter().enumerate() {
         for op in ReduceOp::ALL {
-            check_all_types(comms, count, op, (comms.len() as u64) << 48 | (i as u64) << 8 | op as u64).await;
+            check_all_types_with(comms, count, op, (comms.len() as u64) << 48 | (i as u64) << 8 | op as u64, algo)
+                .await;
         }
     }
 }

@@ -1,0 +1,116 @@
+//! Every allreduce algorithm against the sequential reference, over every rank count
+//! from 1 to 16 (powers of two and not), and reproducible mode.
+
+mod common;
+
+use common::*;
+use futures::future::join_all;
+use hcomm::{AllreduceAlgo, Communicator, LocalTransport, ReduceOp};
+
+const ALGOS: [AllreduceAlgo; 5] = [
+    AllreduceAlgo::Ring,
+    AllreduceAlgo::RecursiveDoubling,
+    AllreduceAlgo::Rabenseifner,
+    AllreduceAlgo::Tree,
+    AllreduceAlgo::Ordered,
+];
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_algorithm_every_rank_count() {
+    for n in 1..=16 {
+        let comms = hcomm::local(n);
+        for algo in ALGOS {
+            matrix_with(&comms, &[0, 1, 2, 7, 97, 1000], Some(algo)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_algorithm_large() {
+    for n in [3, 4, 6] {
+        let comms = hcomm::local(n);
+        for algo in ALGOS {
+            check_allreduce_with::<_, f32>(&comms, 1_000_003, ReduceOp::Sum, 9, Some(algo)).await;
+            check_allreduce_with::<_, u64>(&comms, 300_007, ReduceOp::BXor, 10, Some(algo)).await;
+            check_allreduce_with::<_, f64>(&comms, 65_537, ReduceOp::Avg, 11, Some(algo)).await;
+        }
+    }
+}
+
+/// The sequential fold in rank order, which reproducible mode must equal bit for bit.
+fn rank_order_fold<E: TestElem>(inputs: &[Vec<E>], op: ReduceOp) -> Vec<E> {
+    let mut acc = inputs[0].clone();
+    for x in &inputs[1..] {
+        E::reduce(op, &mut acc, x);
+    }
+    if op == ReduceOp::Avg {
+        E::div_count(&mut acc, inputs.len());
+    }
+    acc
+}
+
+async fn reproducible<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], op: ReduceOp) {
+    let n = comms.len();
+    let big = inputs::<E>(n, 70_001, op, 5);
+    let want = rank_order_fold(&big, op);
+    // Whatever algorithm is asked for and whatever the message size, every rank gets
+    // the rank-order fold, bit for bit.
+    for algo in [None, Some(AllreduceAlgo::Ring), Some(AllreduceAlgo::RecursiveDoubling), Some(AllreduceAlgo::Tree)] {
+        for count in [1usize, 13, 4099, 70_001] {
+            let mut bufs: Vec<Vec<E>> = big.iter().map(|v| v[..count].to_vec()).collect();
+            let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| async move {
+                match algo {
+                    Some(a) => c.all_reduce_with(b, op, a).await,
+                    None => c.all_reduce(b, op).await,
+                }
+            }))
+            .await;
+            res.into_iter().for_each(|r| r.unwrap());
+            for (r, b) in bufs.iter().enumerate() {
+                let same = bytemuck::cast_slice::<E, u8>(b) == bytemuck::cast_slice::<E, u8>(&want[..count]);
+                assert!(
+                    same,
+                    "reproducible {} {op} n={n} count={count} {algo:?}: rank {r} differs from the rank-order fold",
+                    E::DTYPE
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn reproducible_mode_is_bitwise_the_rank_order_fold() {
+    for n in [2, 3, 5, 8, 13] {
+        let mut comms = hcomm::local(n);
+        comms.iter_mut().for_each(|c| c.set_reproducible(true));
+        reproducible::<_, f32>(&comms, ReduceOp::Sum).await;
+        reproducible::<_, f64>(&comms, ReduceOp::Avg).await;
+        reproducible::<_, hcomm::bf16>(&comms, ReduceOp::Sum).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn algorithms_over_tcp_and_reproducible_mode() {
+    for n in [2, 3, 5, 8] {
+        let mut comms = hcomm::local_tcp(n).await.unwrap();
+        for algo in ALGOS {
+            matrix_with(&comms, &[0, 7, 4099], Some(algo)).await;
+            check_allreduce_with::<_, f32>(&comms, 300_001, ReduceOp::Sum, 3, Some(algo)).await;
+        }
+        comms.iter_mut().for_each(|c| c.set_reproducible(true));
+        reproducible::<_, f32>(&comms, ReduceOp::Sum).await;
+    }
+}
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+#[test]
+fn algorithms_over_uring() {
+    tokio_uring::start(async {
+        for n in [3, 4] {
+            let comms = hcomm::local_uring(n).await.unwrap();
+            for algo in ALGOS {
+                matrix_with(&comms, &[0, 7, 4099], Some(algo)).await;
+            }
+        }
+    });
+}
