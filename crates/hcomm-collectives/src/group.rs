@@ -131,7 +131,20 @@ impl<T: LocalTransport> Group<T> {
     /// collectives by the order of the calls, whatever order their futures are polled
     /// in.
     pub fn begin(&self, sig: Signature) -> OpCtx<'_, T> {
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        OpCtx::new(self, self.reserve(), sig)
+    }
+
+    /// Takes the next sequence number now, for an operation that starts later with
+    /// [`Group::begin_reserved`] (an operation handed to another task). If it never
+    /// starts, call [`Group::begin_reserved`] and drop the context, so that peers
+    /// are told it was cancelled.
+    pub fn reserve(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Starts the operation whose sequence number [`Group::reserve`] took. The
+    /// deadline counts from now.
+    pub fn begin_reserved(&self, seq: u64, sig: Signature) -> OpCtx<'_, T> {
         OpCtx::new(self, seq, sig)
     }
 

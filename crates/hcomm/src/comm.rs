@@ -134,6 +134,39 @@ impl<T: LocalTransport> Communicator<T> {
         coll::allreduce(ctx, buf, op, algo).instrument(span)
     }
 
+    /// [`Communicator::all_reduce`] on an owned buffer, for a future that must be
+    /// `'static` (to hand to `tokio::spawn`): the buffer comes back with the result.
+    /// The operation is numbered when this method is called, like every collective,
+    /// so spawned tasks may start in any order.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::all_reduce`]; the buffer is dropped with the future. A
+    /// future dropped before it was first polled aborts the operation on every rank
+    /// too.
+    pub fn all_reduce_owned<E: Element>(
+        self: &Arc<Self>,
+        mut buf: Vec<E>,
+        op: ReduceOp,
+    ) -> impl Future<Output = Result<Vec<E>>> + 'static
+    where
+        T: 'static,
+    {
+        let algo =
+            self.group.tuning().allreduce_algo(self.size(), std::mem::size_of_val(&buf[..]), E::DTYPE.is_float(), None);
+        let sig = coll::allreduce_signature::<E>(buf.len(), op, algo);
+        let ticket = Reserved { comm: self.clone(), seq: self.group.reserve(), sig: Some(sig) };
+        async move {
+            let mut ticket = ticket;
+            let sig = ticket.sig.take().expect("a ticket starts once");
+            let ctx = ticket.comm.group.begin_reserved(ticket.seq, sig);
+            let span = tracing::debug_span!("allreduce", seq = ticket.seq, count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
+            coll::allreduce(ctx, &mut buf, op, algo).instrument(span).await.map(|()| buf)
+        }
+    }
+
     /// How this communicator chooses algorithms (cost model, forced algorithms,
     /// reproducible mode).
     pub fn tuning(&self) -> &coll::Tuning {
@@ -703,5 +736,21 @@ impl<T: LocalTransport> Communicator<T> {
         });
         let span = tracing::debug_span!("scan", seq = ctx.seq(), exclusive, count = buf.len(), dtype = %E::DTYPE, %op, algo = "recursive_doubling");
         coll::scan(ctx, buf, op, exclusive).instrument(span)
+    }
+}
+
+/// A collective numbered at its call but not started yet. Dropped unstarted, it
+/// starts and drops the operation, which tells the peers it was cancelled.
+struct Reserved<T: LocalTransport> {
+    comm: Arc<Communicator<T>>,
+    seq: u64,
+    sig: Option<Signature>,
+}
+
+impl<T: LocalTransport> Drop for Reserved<T> {
+    fn drop(&mut self) {
+        if let Some(sig) = self.sig.take() {
+            drop(self.comm.group.begin_reserved(self.seq, sig));
+        }
     }
 }

@@ -32,3 +32,58 @@ async fn spawned_allreduce_over_tcp() {
         assert_eq!(h.await.unwrap(), vec![3.0f32; 1000]);
     }
 }
+
+#[allow(dead_code)]
+fn owned_allreduce_is_send_and_static(c: &std::sync::Arc<Communicator<StreamTransport>>) {
+    fn assert_static_send<F: std::future::Future + Send + 'static>(_: &F) {}
+    assert_static_send(&c.all_reduce_owned(vec![1.0f32], ReduceOp::Sum));
+}
+
+/// Owned allreduces are numbered when called: tasks that start in another order (here
+/// reversed on odd ranks) still match by call order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawned_owned_allreduces_match_by_call_order() {
+    let comms: Vec<_> = hcomm::local_tcp(3).await.unwrap().into_iter().map(std::sync::Arc::new).collect();
+    let per_rank = comms.iter().map(|c| {
+        let futs: Vec<_> =
+            (0..10).map(|k| c.all_reduce_owned(vec![(k * 10 + c.rank()) as u64; 100 + k], ReduceOp::Sum)).collect();
+        let odd = c.rank() % 2 == 1;
+        async move {
+            let mut handles: Vec<_> = Vec::new();
+            if odd {
+                for f in futs.into_iter().rev() {
+                    handles.push(tokio::spawn(f));
+                }
+                handles.reverse();
+            } else {
+                handles = futs.into_iter().map(tokio::spawn).collect();
+            }
+            let mut out = Vec::new();
+            for h in handles {
+                out.push(h.await.unwrap().unwrap());
+            }
+            out
+        }
+    });
+    for out in futures::future::join_all(per_rank).await {
+        for (k, v) in out.iter().enumerate() {
+            assert_eq!(*v, vec![(30 * k + 3) as u64; 100 + k], "allreduce {k}");
+        }
+    }
+}
+
+/// An owned allreduce dropped before it starts aborts the operation on the peers.
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_unstarted_owned_allreduce_aborts_on_peers() {
+    let comms: Vec<_> = hcomm::local(2).into_iter().map(std::sync::Arc::new).collect();
+    drop(comms[0].all_reduce_owned(vec![1i32; 4], ReduceOp::Sum));
+    let e = comms[1].all_reduce_owned(vec![1i32; 4], ReduceOp::Sum).await.unwrap_err();
+    assert!(e.is_aborted(), "{e}");
+    assert_eq!(e.peer(), Some(0));
+    // The next one works.
+    let (a, b) = futures::join!(
+        comms[0].all_reduce_owned(vec![1i32; 4], ReduceOp::Sum),
+        comms[1].all_reduce_owned(vec![2i32; 4], ReduceOp::Sum)
+    );
+    assert_eq!((a.unwrap(), b.unwrap()), (vec![3; 4], vec![3; 4]));
+}
