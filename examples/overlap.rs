@@ -22,7 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use common::{fail, launch_self, parse_size, rank_runtime};
 use hcomm::{Communicator, ReduceOp};
+
+mod common;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Overlap of gradient computation and allreduce")]
@@ -43,20 +46,6 @@ struct Args {
     /// Timed steps per mode (after one warm-up).
     #[arg(long, default_value_t = 5)]
     iters: usize,
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().map(|n| n * mult).map_err(|e| format!("bad size {s:?}: {e}"))
-}
-
-fn fail(msg: impl std::fmt::Display) -> ! {
-    eprintln!("overlap: {msg}");
-    std::process::exit(1);
 }
 
 /// One bucket's gradient: a short recurrence per element, different on every rank.
@@ -144,8 +133,7 @@ fn median(mut v: Vec<Duration>) -> f64 {
 }
 
 fn as_rank(a: &Args) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
-    rt.block_on(async {
+    rank_runtime().block_on(async {
         let comm = Arc::new(hcomm::init().await.unwrap_or_else(|e| fail(e)));
         step(&comm, a).await.unwrap_or_else(|e| fail(e));
         let steps: Vec<Step> = {
@@ -186,15 +174,5 @@ fn main() {
     if hcomm::env::LaunchEnv::launched() {
         return as_rank(&a);
     }
-    let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
-    let launch = hcomm::launch::Launch {
-        ranks: a.ranks,
-        program: exe.into_os_string(),
-        args: std::env::args_os().skip(1).collect(),
-        prefix: false,
-        env: Vec::new(),
-    };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
-    let out = rt.block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
-    std::process::exit(out.code);
+    launch_self(a.ranks)
 }

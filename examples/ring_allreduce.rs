@@ -17,7 +17,10 @@
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use common::{fail, launch_self, parse_size, rank_runtime};
 use hcomm::{AllreduceAlgo, Communicator, LocalTransport, ReduceOp};
+
+mod common;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Kind {
@@ -53,17 +56,6 @@ fn algo_of(args: &Args) -> Option<AllreduceAlgo> {
         "auto" => None,
         name => Some(name.parse().unwrap_or_else(|e| fail(e))),
     }
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().map(|n| n * mult).map_err(|e| format!("bad size {s:?}: {e}"))
 }
 
 fn fill(rank: usize, buf: &mut [f32]) {
@@ -123,11 +115,6 @@ fn report(n: usize, transport: &str, how: &str, args: &Args, times: &mut [Durati
     );
 }
 
-fn fail(msg: impl std::fmt::Display) -> ! {
-    eprintln!("ring_allreduce: {msg}");
-    std::process::exit(1);
-}
-
 /// One rank of a launched job.
 fn as_rank(args: &Args) {
     let run = |comm: Communicator| async move {
@@ -138,11 +125,7 @@ fn as_rank(args: &Args) {
     };
     match args.transport {
         Kind::Tcp => {
-            // One thread per rank: the collective and the transport's reader and
-            // writer tasks wake each other on the same thread, never across cores
-            // (a cross-core wake-up costs tens of microseconds on small VMs).
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
-            rt.block_on(async { run(hcomm::init().await.unwrap_or_else(|e| fail(e))).await });
+            rank_runtime().block_on(async { run(hcomm::init().await.unwrap_or_else(|e| fail(e))).await });
         }
         #[cfg(all(feature = "uring", target_os = "linux"))]
         Kind::Uring => tokio_uring::start(async {
@@ -171,8 +154,7 @@ fn main() {
     }
     match args.transport {
         Kind::Mem => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
-            rt.block_on(async {
+            rank_runtime().block_on(async {
                 let comms = hcomm::local(args.ranks);
                 let results = futures::future::join_all(comms.iter().map(|c| rank_main(c, &args))).await;
                 let mut all = Vec::new();
@@ -182,19 +164,6 @@ fn main() {
                 report(args.ranks, "mem", "tasks in one process", &args, &mut all[0]);
             });
         }
-        Kind::Tcp | Kind::Uring => {
-            // Launch ourselves as `ranks` processes.
-            let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
-            let launch = hcomm::launch::Launch {
-                ranks: args.ranks,
-                program: exe.into_os_string(),
-                args: std::env::args_os().skip(1).collect(),
-                prefix: false,
-                env: Vec::new(),
-            };
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
-            let out = rt.block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
-            std::process::exit(out.code);
-        }
+        Kind::Tcp | Kind::Uring => launch_self(args.ranks),
     }
 }

@@ -34,8 +34,10 @@
 //! - [`init`] / [`Config`]: connect the ranks of a job (TCP over tokio, or io_uring
 //!   with [`Config::connect_uring`]).
 //! - [`local`], [`local_tcp`]: n ranks in one process, for tests.
-//! - [`Communicator`]: `send`/`recv`/`sendrecv`, `all_reduce`, `all_gather`,
-//!   `barrier`, `split`.
+//! - [`Communicator`]: `send`/`recv`/`sendrecv`; `all_reduce` (ring, recursive
+//!   doubling, Rabenseifner, tree, chosen by a cost model or forced), `broadcast`,
+//!   `reduce`, `all_gather(_v)`, `gather(v)`, `scatter(v)`, `reduce_scatter(_v)`,
+//!   `all_to_all(_v)`, `scan`, `exscan`, `barrier`, `split`; reproducible mode.
 //! - [`launch`]: the `hcomm run` launcher.
 
 mod bootstrap;
