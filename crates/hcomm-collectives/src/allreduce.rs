@@ -12,9 +12,11 @@ use std::str::FromStr;
 use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
+use crate::exchange::AllgatherAlgo;
 use crate::exchange::ring_allgatherv_in;
+use crate::rooted::{BCAST_CHAIN_CHUNK_BYTES, BcastAlgo};
 use crate::rooted::{bcast_binomial, reduce_binomial};
-use crate::{OpCtx, bound, check_reduce_op, copy_in, reduce_in};
+use crate::{OpCtx, bound, check_reduce_op, copy_in, parse_algo, reduce_in};
 
 /// Target size of one pipelined piece of a ring allreduce. A segment larger than this
 /// is cut into columns that travel the ring independently, so that reducing one piece
@@ -68,20 +70,14 @@ impl FromStr for AllreduceAlgo {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<AllreduceAlgo> {
-        [
+        let all = [
             AllreduceAlgo::Ring,
             AllreduceAlgo::RecursiveDoubling,
             AllreduceAlgo::Rabenseifner,
             AllreduceAlgo::Tree,
             AllreduceAlgo::Ordered,
-        ]
-        .into_iter()
-        .find(|a| a.name() == s.trim())
-        .ok_or_else(|| {
-            Error::config(format!(
-                "unknown allreduce algorithm {s:?} (ring, recursive_doubling, rabenseifner, tree, ordered)"
-            ))
-        })
+        ];
+        parse_algo(s, &all, AllreduceAlgo::name, "allreduce")
     }
 }
 
@@ -130,6 +126,53 @@ impl CostModel {
         }
     }
 
+    /// Predicted time of a broadcast of `bytes` by `algo` over `n` ranks, in seconds.
+    pub fn bcast_time(&self, algo: BcastAlgo, n: usize, bytes: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let (a, b, s, nf) = (self.alpha, self.beta, bytes as f64, n as f64);
+        match algo {
+            BcastAlgo::Binomial => nf.log2().ceil() * (a + s * b),
+            BcastAlgo::Chain => {
+                let pieces = (bytes.div_ceil(BCAST_CHAIN_CHUNK_BYTES)).max(1) as f64;
+                (nf - 2.0 + pieces) * (a + s / pieces * b)
+            }
+            // The root's link carries (n-1)/n of the message, then the ring allgather.
+            BcastAlgo::ScatterAllgather => 2.0 * (nf - 1.0) * a + 2.0 * (nf - 1.0) / nf * s * b,
+        }
+    }
+
+    /// The broadcast algorithm with the lowest predicted time.
+    pub fn choose_bcast(&self, n: usize, bytes: usize) -> BcastAlgo {
+        BcastAlgo::ALL
+            .into_iter()
+            .min_by(|x, y| self.bcast_time(*x, n, bytes).total_cmp(&self.bcast_time(*y, n, bytes)))
+            .expect("there are broadcast algorithms")
+    }
+
+    /// Predicted time of an allgather of `bytes` per rank by `algo` over `n` ranks.
+    pub fn allgather_time(&self, algo: AllgatherAlgo, n: usize, bytes: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let (a, b, g, s, nf) = (self.alpha, self.beta, self.gamma, bytes as f64, n as f64);
+        match algo {
+            AllgatherAlgo::Ring => (nf - 1.0) * (a + s * b),
+            // Bruck moves the same bytes in fewer messages, then rotates them locally
+            // (charged at the reduction rate, a memory-bound pass).
+            AllgatherAlgo::Bruck => nf.log2().ceil() * a + (nf - 1.0) * s * b + nf * s * g,
+        }
+    }
+
+    /// The allgather algorithm with the lowest predicted time.
+    pub fn choose_allgather(&self, n: usize, bytes: usize) -> AllgatherAlgo {
+        AllgatherAlgo::ALL
+            .into_iter()
+            .min_by(|x, y| self.allgather_time(*x, n, bytes).total_cmp(&self.allgather_time(*y, n, bytes)))
+            .expect("there are allgather algorithms")
+    }
+
     /// The selectable algorithm with the lowest predicted time.
     pub fn choose_allreduce(&self, n: usize, bytes: usize) -> AllreduceAlgo {
         AllreduceAlgo::SELECTABLE
@@ -147,15 +190,26 @@ pub struct Tuning {
     pub allreduce: Option<AllreduceAlgo>,
     /// Reproducible mode (`HCOMM_REPRODUCIBLE=1`): float reductions in fixed rank order.
     pub reproducible: bool,
+    /// Forces this broadcast algorithm (`HCOMM_ALGO_BROADCAST`).
+    pub broadcast: Option<BcastAlgo>,
+    /// Forces this allgather algorithm (`HCOMM_ALGO_ALLGATHER`).
+    pub allgather: Option<AllgatherAlgo>,
 }
 
 impl Tuning {
     /// Defaults for a transport.
     pub fn for_transport(name: &str) -> Tuning {
-        Tuning { cost: CostModel::for_transport(name), allreduce: None, reproducible: false }
+        Tuning {
+            cost: CostModel::for_transport(name),
+            allreduce: None,
+            reproducible: false,
+            broadcast: None,
+            allgather: None,
+        }
     }
 
-    /// Applies `HCOMM_ALGO_ALLREDUCE` (an algorithm name or `auto`),
+    /// Applies `HCOMM_ALGO_ALLREDUCE`, `HCOMM_ALGO_BROADCAST`, `HCOMM_ALGO_ALLGATHER`
+    /// (an algorithm name or `auto`),
     /// `HCOMM_REPRODUCIBLE` (`0`/`1`), and the cost parameters `HCOMM_COST_ALPHA_US`
     /// (microseconds per message), `HCOMM_COST_GBPS` (link bandwidth) and
     /// `HCOMM_COST_REDUCE_GBPS`, read through `get`. Every rank must see the same
@@ -166,6 +220,12 @@ impl Tuning {
     pub fn with_env(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Tuning> {
         if let Some(v) = get("HCOMM_ALGO_ALLREDUCE") {
             self.allreduce = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        }
+        if let Some(v) = get("HCOMM_ALGO_BROADCAST") {
+            self.broadcast = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        }
+        if let Some(v) = get("HCOMM_ALGO_ALLGATHER") {
+            self.allgather = if v.trim() == "auto" { None } else { Some(v.parse()?) };
         }
         if let Some(v) = get("HCOMM_REPRODUCIBLE") {
             self.reproducible = match v.trim() {
@@ -193,6 +253,16 @@ impl Tuning {
             self.cost.gamma = 1.0 / (gbps * 1e9);
         }
         Ok(self)
+    }
+
+    /// The broadcast algorithm for `bytes` over `n` ranks: asked, forced, or cheapest.
+    pub fn bcast_algo(&self, n: usize, bytes: usize, asked: Option<BcastAlgo>) -> BcastAlgo {
+        asked.or(self.broadcast).unwrap_or_else(|| self.cost.choose_bcast(n, bytes))
+    }
+
+    /// The allgather algorithm for `bytes` per rank over `n` ranks.
+    pub fn allgather_algo(&self, n: usize, bytes: usize, asked: Option<AllgatherAlgo>) -> AllgatherAlgo {
+        asked.or(self.allgather).unwrap_or_else(|| self.cost.choose_allgather(n, bytes))
     }
 
     /// The algorithm an allreduce of `bytes` of `dtype` over `n` ranks runs:
@@ -518,6 +588,9 @@ mod tests {
         assert_eq!(tcp.choose_allreduce(8, 8), AllreduceAlgo::RecursiveDoubling);
         assert!(matches!(tcp.choose_allreduce(8, 64 << 20), AllreduceAlgo::Ring | AllreduceAlgo::Rabenseifner));
         assert_eq!(tcp.choose_allreduce(1, 1 << 20), AllreduceAlgo::Ring);
+        assert_eq!(tcp.choose_bcast(8, 8), BcastAlgo::Binomial);
+        assert_eq!(tcp.choose_bcast(8, 64 << 20), BcastAlgo::Chain);
+        assert_eq!(tcp.choose_allgather(8, 8), AllgatherAlgo::Bruck);
         assert_eq!(pow2_floor(1), 1);
         assert_eq!(pow2_floor(12), 8);
         assert_eq!(unfolded(0, 6), 1);

@@ -1,11 +1,13 @@
 //! Collectives where every rank gives and gets a block: reduce-scatter(v),
 //! alltoall(v), allgatherv.
 
+use std::fmt;
+
 use futures::future::try_join;
 use hcomm_core::{Element, Error, ErrorKind, LocalTransport, ReduceOp, Result};
 
 use crate::rooted::{check_counts, split_blocks};
-use crate::{OpCtx, check_reduce_op, copy_in, offsets, reduce_in};
+use crate::{OpCtx, check_reduce_op, copy_in, offsets, parse_algo, reduce_in};
 
 /// Ring reduce-scatter: block `g` of the element-wise reduction of every rank's
 /// `send` lands in rank `g`'s `recv` (`counts[g]` elements; `send` holds the sum of
@@ -173,6 +175,98 @@ pub(crate) async fn ring_allgatherv_in<T: LocalTransport, E: Element>(
         let incoming = ctx.recv(left, step_tag);
         let dst = &mut buf[off[rb]..off[rb + 1]];
         try_join(ctx.send(right, step_tag, payload), async move { copy_in(dst, &incoming.await?) }).await?;
+    }
+    Ok(())
+}
+
+/// Allgather algorithms (equal blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AllgatherAlgo {
+    /// `n - 1` steps around the host-contiguous ring, one block each.
+    Ring = 1,
+    /// Bruck's algorithm: `ceil(log2 n)` steps, step `k` sends the `2^k` blocks held so
+    /// far; for any rank count, at the price of a final local rotation.
+    Bruck = 2,
+}
+
+impl AllgatherAlgo {
+    pub const ALL: [AllgatherAlgo; 2] = [AllgatherAlgo::Ring, AllgatherAlgo::Bruck];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AllgatherAlgo::Ring => "ring",
+            AllgatherAlgo::Bruck => "bruck",
+        }
+    }
+}
+
+impl fmt::Display for AllgatherAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AllgatherAlgo {
+    type Err = hcomm_core::Error;
+
+    fn from_str(s: &str) -> Result<AllgatherAlgo> {
+        parse_algo(s, &AllgatherAlgo::ALL, AllgatherAlgo::name, "allgather")
+    }
+}
+
+/// Allgather: `recv[g*c..(g+1)*c]` receives rank `g`'s `send` (`c = send.len()`).
+///
+/// # Errors
+/// `recv` not `n` times the length of `send`; mismatched signatures; peer failure;
+/// timeout; abort.
+pub async fn allgather<T: LocalTransport, E: Element>(
+    ctx: OpCtx<'_, T>,
+    send: &[E],
+    recv: &mut [E],
+    algo: AllgatherAlgo,
+) -> Result<()> {
+    let body = async {
+        let (n, c, me) = (ctx.size(), send.len(), ctx.rank());
+        if recv.len() != n * c {
+            return Err(Error::invalid(format!(
+                "allgather receive buffer holds {} elements, {n} ranks x {c} elements were expected",
+                recv.len()
+            )));
+        }
+        match algo {
+            AllgatherAlgo::Ring => {
+                recv[me * c..(me + 1) * c].copy_from_slice(send);
+                ring_allgatherv_in(&ctx, recv, &vec![c; n], 0).await
+            }
+            AllgatherAlgo::Bruck => bruck(&ctx, send, recv).await,
+        }
+    };
+    let r = ctx.deadline(body).await;
+    ctx.finish(r)
+}
+
+async fn bruck<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, send: &[E], recv: &mut [E]) -> Result<()> {
+    let (n, me, c) = (ctx.size(), ctx.rank(), send.len());
+    // `held[i*c..]` is the block of rank `me + i`.
+    let mut held: Vec<E> = Vec::with_capacity(n * c);
+    held.extend_from_slice(send);
+    let (mut have, mut step) = (1usize, 0u32);
+    while have < n {
+        let cnt = have.min(n - have);
+        let (to, from) = ((me + n - have) % n, (me + have) % n);
+        let payload = ctx.payload(&held[..cnt * c]);
+        let incoming = ctx.recv(from, step);
+        let (_, data) = try_join(ctx.send(to, step, payload), incoming).await?;
+        let old = held.len();
+        held.resize(old + cnt * c, E::zeroed());
+        copy_in(&mut held[old..], &data)?;
+        have += cnt;
+        step += 1;
+    }
+    for i in 0..n {
+        let g = (me + i) % n;
+        recv[g * c..(g + 1) * c].copy_from_slice(&held[i * c..(i + 1) * c]);
     }
     Ok(())
 }

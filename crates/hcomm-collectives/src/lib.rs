@@ -20,7 +20,7 @@ pub use allreduce::{
     AllreduceAlgo, CostModel, RING_CHUNK_BYTES, RING_MAX_COLUMNS, Tuning, allreduce, allreduce_signature,
 };
 pub use elem::{copy_in, reduce_in, to_vec};
-pub use exchange::{pairwise_alltoallv, ring_allgatherv, ring_reduce_scatter};
+pub use exchange::{AllgatherAlgo, allgather, pairwise_alltoallv, ring_allgatherv, ring_reduce_scatter};
 pub use group::{Group, OpCtx};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
 pub use scan::scan;
@@ -66,46 +66,24 @@ pub async fn barrier<T: LocalTransport>(ctx: OpCtx<'_, T>) -> Result<()> {
     ctx.finish(r)
 }
 
-/// Signature of an allgather of `count` elements of `E` per rank.
-pub fn allgather_signature<E: Element>(count: usize) -> Signature {
-    Signature { op: OpKind::AllGather, dtype: Some(E::DTYPE), reduce: None, count: count as u64, root: None, algo: 0 }
+/// Signature of an allgather of `count` elements of `E` per rank by `algo`.
+pub fn allgather_signature<E: Element>(count: usize, algo: AllgatherAlgo) -> Signature {
+    Signature {
+        op: OpKind::AllGather,
+        dtype: Some(E::DTYPE),
+        reduce: None,
+        count: count as u64,
+        root: None,
+        algo: algo as u8,
+    }
 }
 
-/// Ring allgather: `recv[g*c..(g+1)*c]` receives rank `g`'s `send` (`c = send.len()`),
-/// in `n - 1` steps around the host-contiguous ring.
-///
-/// # Errors
-/// `recv` not `n` times the length of `send`; mismatched signatures; peer failure;
-/// timeout; abort by another rank.
-pub async fn ring_allgather<T: LocalTransport, E: Element>(
-    ctx: OpCtx<'_, T>,
-    send: &[E],
-    recv: &mut [E],
-) -> Result<()> {
-    let body = async {
-        let (n, c) = (ctx.size(), send.len());
-        if recv.len() != n * c {
-            return Err(Error::invalid(format!(
-                "allgather receive buffer holds {} elements, {n} ranks x {c} elements were expected",
-                recv.len()
-            )));
-        }
-        let me = ctx.rank();
-        recv[me * c..(me + 1) * c].copy_from_slice(send);
-        let ring = ctx.ring();
-        let pos = ring.iter().position(|&r| r == me).expect("the ring holds every rank");
-        let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
-        for s in 0..n.saturating_sub(1) {
-            let (send_blk, recv_blk) = (ring[(pos + n - s) % n], ring[(pos + 2 * n - s - 1) % n]);
-            let payload = ctx.payload(&recv[send_blk * c..(send_blk + 1) * c]);
-            let incoming = ctx.recv(left, s as u32);
-            let dst = &mut recv[recv_blk * c..(recv_blk + 1) * c];
-            try_join(ctx.send(right, s as u32, payload), async move { copy_in(dst, &incoming.await?) }).await?;
-        }
-        Ok(())
-    };
-    let r = ctx.deadline(body).await;
-    ctx.finish(r)
+/// Parses an algorithm name among `all`.
+pub(crate) fn parse_algo<A: Copy>(s: &str, all: &[A], name: fn(A) -> &'static str, what: &str) -> Result<A> {
+    all.iter().copied().find(|a| name(*a) == s.trim()).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|a| name(*a)).collect();
+        Error::config(format!("unknown {what} algorithm {s:?} ({})", names.join(", ")))
+    })
 }
 
 fn mix(mut x: u64) -> u64 {
@@ -132,7 +110,7 @@ pub async fn split<'g, T: LocalTransport>(ctx: OpCtx<'g, T>, color: Option<u32>,
     let (g, seq) = (ctx.group(), ctx.seq());
     let mine = [color.map_or(-1, i64::from), key];
     let mut all = vec![0i64; 2 * g.size()];
-    ring_allgather(ctx, &mine, &mut all).await?;
+    exchange::allgather(ctx, &mine, &mut all, AllgatherAlgo::Ring).await?;
     let Some(color) = color else { return Ok(None) };
     let mut members: Vec<usize> = (0..g.size()).filter(|&r| all[2 * r] == i64::from(color)).collect();
     members.sort_by_key(|&r| (all[2 * r + 1], r));

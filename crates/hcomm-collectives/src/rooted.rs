@@ -5,34 +5,46 @@ use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signa
 
 use crate::{OpCtx, check_reduce_op, copy_in, counts_hash, offsets, reduce_in};
 
-/// Messages above this size are broadcast along a pipelined chain instead of a
-/// binomial tree (when there are more than two ranks).
-pub const BCAST_CHAIN_MIN_BYTES: usize = 512 << 10;
 /// Piece size of the pipelined chain broadcast.
 pub const BCAST_CHAIN_CHUNK_BYTES: usize = 256 << 10;
 
 /// Broadcast algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum BcastAlgo {
     /// `ceil(log2 n)` rounds; each round doubles the ranks that hold the data.
-    Binomial,
+    Binomial = 1,
     /// Ranks in a chain from the root; the message travels in pieces, so every link
     /// is busy at once.
-    Chain,
+    Chain = 2,
+    /// The root sends each rank one segment, then the ranks allgather the segments
+    /// around the ring (van de Geijn).
+    ScatterAllgather = 3,
 }
 
 impl BcastAlgo {
+    pub const ALL: [BcastAlgo; 3] = [BcastAlgo::Binomial, BcastAlgo::Chain, BcastAlgo::ScatterAllgather];
+
     pub fn name(self) -> &'static str {
         match self {
             BcastAlgo::Binomial => "binomial",
             BcastAlgo::Chain => "chain",
+            BcastAlgo::ScatterAllgather => "scatter_allgather",
         }
     }
+}
 
-    /// The algorithm for `bytes` over `n` ranks. A size threshold for now; the cost
-    /// model of the collectives issue replaces it.
-    pub fn choose(n: usize, bytes: usize) -> BcastAlgo {
-        if n > 2 && bytes >= BCAST_CHAIN_MIN_BYTES { BcastAlgo::Chain } else { BcastAlgo::Binomial }
+impl std::fmt::Display for BcastAlgo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BcastAlgo {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<BcastAlgo> {
+        crate::parse_algo(s, &BcastAlgo::ALL, BcastAlgo::name, "broadcast")
     }
 }
 
@@ -40,9 +52,15 @@ pub(crate) fn check_root(root: usize, n: usize) -> Result<()> {
     if root < n { Ok(()) } else { Err(Error::invalid(format!("root {root} out of range for {n} ranks"))) }
 }
 
-/// Signature of a rooted collective.
-pub fn rooted_signature<E: Element>(op: OpKind, count: u64, reduce: Option<ReduceOp>, root: usize) -> Signature {
-    Signature { op, dtype: Some(E::DTYPE), reduce, count, root: Some(root as u32), algo: 0 }
+/// Signature of a rooted collective (`algo`: the algorithm's code, or 0).
+pub fn rooted_signature<E: Element>(
+    op: OpKind,
+    count: u64,
+    reduce: Option<ReduceOp>,
+    root: usize,
+    algo: u8,
+) -> Signature {
+    Signature { op, dtype: Some(E::DTYPE), reduce, count, root: Some(root as u32), algo }
 }
 
 /// Broadcast of `buf` from `root` to every rank.
@@ -61,6 +79,7 @@ pub async fn broadcast<T: LocalTransport, E: Element>(
         match algo {
             BcastAlgo::Binomial => bcast_binomial(&ctx, buf, root, 0).await,
             BcastAlgo::Chain => bcast_chain(&ctx, buf, root).await,
+            BcastAlgo::ScatterAllgather => bcast_scatter_allgather(&ctx, buf, root).await,
         }
     };
     let r = ctx.deadline(body).await;
@@ -94,6 +113,23 @@ pub(crate) async fn bcast_binomial<T: LocalTransport, E: Element>(
     }
     try_join_all(sends).await?;
     Ok(())
+}
+
+async fn bcast_scatter_allgather<T: LocalTransport, E: Element>(
+    ctx: &OpCtx<'_, T>,
+    buf: &mut [E],
+    root: usize,
+) -> Result<()> {
+    let (n, me, count) = (ctx.size(), ctx.rank(), buf.len());
+    let counts: Vec<usize> = (0..n).map(|g| crate::bound(count, n, g + 1) - crate::bound(count, n, g)).collect();
+    let off = offsets(&counts);
+    if me == root {
+        try_join_all((0..n).filter(|&g| g != root).map(|g| ctx.send(g, 0, ctx.payload(&buf[off[g]..off[g + 1]]))))
+            .await?;
+    } else {
+        copy_in(&mut buf[off[me]..off[me + 1]], &ctx.recv(root, 0).await?)?;
+    }
+    crate::exchange::ring_allgatherv_in(ctx, buf, &counts, 1).await
 }
 
 async fn bcast_chain<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], root: usize) -> Result<()> {

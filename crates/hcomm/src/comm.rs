@@ -216,10 +216,27 @@ impl<T: LocalTransport> Communicator<T> {
         send: &'a [E],
         recv: &'a mut [E],
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::allgather_signature::<E>(send.len()));
-        let span =
-            tracing::debug_span!("allgather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, algo = "ring");
-        coll::ring_allgather(ctx, send, recv).instrument(span)
+        let algo = self.group.tuning().allgather_algo(self.size(), std::mem::size_of_val(send), None);
+        self.all_gather_with(send, recv, algo)
+    }
+
+    /// [`Communicator::all_gather`] with a chosen algorithm. Every rank must choose
+    /// the same.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_gather`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::all_gather`].
+    pub fn all_gather_with<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        algo: coll::AllgatherAlgo,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::allgather_signature::<E>(send.len(), algo));
+        let span = tracing::debug_span!("allgather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, algo = algo.name());
+        coll::allgather(ctx, send, recv, algo).instrument(span)
     }
 
     /// Splits the communicator, as `MPI_Comm_split`: ranks that pass the same `color`
@@ -434,7 +451,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Cancel safety
     /// See the impl block.
     pub fn broadcast<'a, E: Element>(&'a self, buf: &'a mut [E], root: usize) -> impl Future<Output = Result<()>> + 'a {
-        let algo = coll::BcastAlgo::choose(self.size(), std::mem::size_of_val(buf));
+        let algo = self.group.tuning().bcast_algo(self.size(), std::mem::size_of_val(buf), None);
         self.broadcast_with(buf, root, algo)
     }
 
@@ -451,7 +468,8 @@ impl<T: LocalTransport> Communicator<T> {
         root: usize,
         algo: coll::BcastAlgo,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Broadcast, buf.len() as u64, None, root));
+        let ctx =
+            self.group.begin(coll::rooted_signature::<E>(OpKind::Broadcast, buf.len() as u64, None, root, algo as u8));
         let span = tracing::debug_span!("broadcast", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, root, algo = algo.name());
         coll::broadcast(ctx, buf, root, algo).instrument(span)
     }
@@ -470,7 +488,7 @@ impl<T: LocalTransport> Communicator<T> {
         op: ReduceOp,
         root: usize,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Reduce, buf.len() as u64, Some(op), root));
+        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Reduce, buf.len() as u64, Some(op), root, 0));
         let span = tracing::debug_span!("reduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, %op, root, algo = "binomial");
         coll::reduce(ctx, buf, op, root).instrument(span)
     }
@@ -490,7 +508,7 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         root: usize,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Gather, send.len() as u64, None, root));
+        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Gather, send.len() as u64, None, root, 0));
         let counts = vec![send.len(); self.size()];
         let span = tracing::debug_span!("gather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, root, algo = "linear");
         async move { coll::gatherv(ctx, send, recv, &counts, root).await }.instrument(span)
@@ -531,7 +549,7 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         root: usize,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Scatter, recv.len() as u64, None, root));
+        let ctx = self.group.begin(coll::rooted_signature::<E>(OpKind::Scatter, recv.len() as u64, None, root, 0));
         let counts = vec![recv.len(); self.size()];
         let span = tracing::debug_span!("scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, root, algo = "linear");
         async move { coll::scatterv(ctx, send, recv, &counts, root).await }.instrument(span)

@@ -17,7 +17,7 @@ async fn rooted_collectives() {
             let seed = (n * 100 + i) as u64;
             let roots = [0, n / 2, n - 1];
             for &root in &roots {
-                for algo in [BcastAlgo::Binomial, BcastAlgo::Chain] {
+                for algo in BcastAlgo::ALL {
                     colls::broadcast::<_, f64>(&comms, count, root, algo, seed).await;
                     colls::broadcast::<_, u8>(&comms, count, root, algo, seed).await;
                 }
@@ -45,6 +45,10 @@ async fn exchanges_and_scans() {
             let seed = (n * 100 + i) as u64;
             colls::all_to_all::<_, u16>(&comms, count, seed).await;
             colls::all_gather_v::<_, f32>(&comms, count, seed).await;
+            for algo in hcomm::AllgatherAlgo::ALL {
+                colls::all_gather::<_, i16>(&comms, count, algo, seed).await;
+                colls::all_gather::<_, f64>(&comms, count, algo, seed).await;
+            }
             for op in ReduceOp::ALL {
                 if op.supports(hcomm::DType::F64) {
                     colls::reduce_scatter::<_, f64>(&comms, count, op, seed).await;
@@ -65,6 +69,8 @@ async fn large_broadcasts_stream_through_the_chain() {
         let comms = hcomm::local(n);
         colls::broadcast::<_, f32>(&comms, 3_000_017, 1, BcastAlgo::Chain, 1).await;
         colls::broadcast::<_, f32>(&comms, 1_000_003, n - 1, BcastAlgo::Binomial, 2).await;
+        colls::broadcast::<_, f32>(&comms, 2_000_029, 0, BcastAlgo::ScatterAllgather, 4).await;
+        colls::all_gather::<_, u8>(&comms, 700_001, hcomm::AllgatherAlgo::Bruck, 5).await;
         colls::reduce_scatter::<_, f32>(&comms, 400_001, ReduceOp::Sum, 3).await;
     }
 }

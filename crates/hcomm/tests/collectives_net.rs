@@ -13,7 +13,7 @@ async fn suite<T: LocalTransport>(comms: &[Communicator<T>]) {
     let n = comms.len();
     for (i, &count) in [0usize, 13, 65_537].iter().enumerate() {
         let seed = (n * 10 + i) as u64;
-        for algo in [BcastAlgo::Binomial, BcastAlgo::Chain] {
+        for algo in BcastAlgo::ALL {
             colls::broadcast::<_, f32>(comms, count * 11, n - 1, algo, seed).await;
         }
         colls::reduce::<_, f64>(comms, count, ReduceOp::Sum, n / 2, seed).await;
@@ -21,6 +21,9 @@ async fn suite<T: LocalTransport>(comms: &[Communicator<T>]) {
         colls::reduce_scatter::<_, f32>(comms, count, ReduceOp::Max, seed).await;
         colls::all_to_all::<_, i16>(comms, count, seed).await;
         colls::all_gather_v::<_, u8>(comms, count, seed).await;
+        for algo in hcomm::AllgatherAlgo::ALL {
+            colls::all_gather::<_, f32>(comms, count, algo, seed).await;
+        }
         colls::scans::<_, i64>(comms, count, ReduceOp::Sum, seed).await;
     }
 }

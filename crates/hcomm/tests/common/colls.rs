@@ -223,3 +223,23 @@ pub async fn scans<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], co
         }
     }
 }
+
+pub async fn all_gather<T: LocalTransport, E: TestElem>(
+    comms: &[Communicator<T>],
+    count: usize,
+    algo: hcomm::AllgatherAlgo,
+    seed: u64,
+) {
+    let n = comms.len();
+    let ins = inputs::<E>(n, count, ReduceOp::Sum, seed);
+    let want: Vec<E> = ins.concat();
+    let mut outs: Vec<Vec<E>> = (0..n).map(|_| want.iter().rev().copied().collect()).collect();
+    for res in
+        join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_gather_with(i, o, algo))).await
+    {
+        res.unwrap();
+    }
+    for (r, o) in outs.iter().enumerate() {
+        assert!(*o == want, "allgather {algo:?} n={n} count={count}: rank {r}");
+    }
+}
