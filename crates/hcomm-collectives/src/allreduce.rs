@@ -12,8 +12,8 @@ use std::str::FromStr;
 use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
-use crate::exchange::AllgatherAlgo;
 use crate::exchange::ring_allgatherv_in;
+use crate::exchange::{AllgatherAlgo, AlltoallAlgo};
 use crate::rooted::{BCAST_CHAIN_CHUNK_BYTES, BcastAlgo};
 use crate::rooted::{bcast_binomial, reduce_binomial};
 use crate::{OpCtx, bound, check_reduce_op, copy_in, parse_algo, reduce_in};
@@ -173,6 +173,31 @@ impl CostModel {
             .expect("there are allgather algorithms")
     }
 
+    /// Predicted time of an alltoall of `bytes` per block by `algo` over `n` ranks.
+    pub fn alltoall_time(&self, algo: AlltoallAlgo, n: usize, bytes: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let (a, b, g, s, nf) = (self.alpha, self.beta, self.gamma, bytes as f64, n as f64);
+        match algo {
+            AlltoallAlgo::Pairwise => (nf - 1.0) * (a + s * b),
+            // About half the blocks move in each of log2 n steps, plus packing and the
+            // two rotations (charged as memory passes).
+            AlltoallAlgo::Bruck => {
+                let steps = nf.log2().ceil();
+                steps * (a + nf / 2.0 * s * b) + (2.0 + steps) * nf * s * g
+            }
+        }
+    }
+
+    /// The alltoall algorithm with the lowest predicted time.
+    pub fn choose_alltoall(&self, n: usize, bytes: usize) -> AlltoallAlgo {
+        AlltoallAlgo::ALL
+            .into_iter()
+            .min_by(|x, y| self.alltoall_time(*x, n, bytes).total_cmp(&self.alltoall_time(*y, n, bytes)))
+            .expect("there are alltoall algorithms")
+    }
+
     /// The selectable algorithm with the lowest predicted time.
     pub fn choose_allreduce(&self, n: usize, bytes: usize) -> AllreduceAlgo {
         AllreduceAlgo::SELECTABLE
@@ -194,6 +219,8 @@ pub struct Tuning {
     pub broadcast: Option<BcastAlgo>,
     /// Forces this allgather algorithm (`HCOMM_ALGO_ALLGATHER`).
     pub allgather: Option<AllgatherAlgo>,
+    /// Forces this alltoall algorithm (`HCOMM_ALGO_ALLTOALL`).
+    pub alltoall: Option<AlltoallAlgo>,
 }
 
 impl Tuning {
@@ -205,6 +232,7 @@ impl Tuning {
             reproducible: false,
             broadcast: None,
             allgather: None,
+            alltoall: None,
         }
     }
 
@@ -226,6 +254,9 @@ impl Tuning {
         }
         if let Some(v) = get("HCOMM_ALGO_ALLGATHER") {
             self.allgather = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        }
+        if let Some(v) = get("HCOMM_ALGO_ALLTOALL") {
+            self.alltoall = if v.trim() == "auto" { None } else { Some(v.parse()?) };
         }
         if let Some(v) = get("HCOMM_REPRODUCIBLE") {
             self.reproducible = match v.trim() {
@@ -258,6 +289,11 @@ impl Tuning {
     /// The broadcast algorithm for `bytes` over `n` ranks: asked, forced, or cheapest.
     pub fn bcast_algo(&self, n: usize, bytes: usize, asked: Option<BcastAlgo>) -> BcastAlgo {
         asked.or(self.broadcast).unwrap_or_else(|| self.cost.choose_bcast(n, bytes))
+    }
+
+    /// The alltoall algorithm for blocks of `bytes` over `n` ranks.
+    pub fn alltoall_algo(&self, n: usize, bytes: usize, asked: Option<AlltoallAlgo>) -> AlltoallAlgo {
+        asked.or(self.alltoall).unwrap_or_else(|| self.cost.choose_alltoall(n, bytes))
     }
 
     /// The allgather algorithm for `bytes` per rank over `n` ranks.
@@ -591,6 +627,8 @@ mod tests {
         assert_eq!(tcp.choose_bcast(8, 8), BcastAlgo::Binomial);
         assert_eq!(tcp.choose_bcast(8, 64 << 20), BcastAlgo::Chain);
         assert_eq!(tcp.choose_allgather(8, 8), AllgatherAlgo::Bruck);
+        assert_eq!(tcp.choose_alltoall(16, 8), AlltoallAlgo::Bruck);
+        assert_eq!(tcp.choose_alltoall(16, 1 << 20), AlltoallAlgo::Pairwise);
         assert_eq!(pow2_floor(1), 1);
         assert_eq!(pow2_floor(12), 8);
         assert_eq!(unfolded(0, 6), 1);

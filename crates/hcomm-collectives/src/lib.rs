@@ -20,7 +20,9 @@ pub use allreduce::{
     AllreduceAlgo, CostModel, RING_CHUNK_BYTES, RING_MAX_COLUMNS, Tuning, allreduce, allreduce_signature,
 };
 pub use elem::{copy_in, reduce_in, to_vec};
-pub use exchange::{AllgatherAlgo, allgather, pairwise_alltoallv, ring_allgatherv, ring_reduce_scatter};
+pub use exchange::{
+    AllgatherAlgo, AlltoallAlgo, allgather, bruck_alltoall, pairwise_alltoallv, ring_allgatherv, ring_reduce_scatter,
+};
 pub use group::{Group, OpCtx};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
 pub use scan::scan;

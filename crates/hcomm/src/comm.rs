@@ -637,6 +637,25 @@ impl<T: LocalTransport> Communicator<T> {
         send: &'a [E],
         recv: &'a mut [E],
     ) -> impl Future<Output = Result<()>> + 'a {
+        let block_bytes = std::mem::size_of_val(send) / self.size();
+        let algo = self.group.tuning().alltoall_algo(self.size(), block_bytes, None);
+        self.all_to_all_with(send, recv, algo)
+    }
+
+    /// [`Communicator::all_to_all`] with a chosen algorithm. Every rank must choose
+    /// the same.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_to_all`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::all_to_all`].
+    pub fn all_to_all_with<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        algo: coll::AlltoallAlgo,
+    ) -> impl Future<Output = Result<()>> + 'a {
         let n = self.size();
         let block = send.len() / n;
         let ctx = self.group.begin(Signature {
@@ -645,11 +664,10 @@ impl<T: LocalTransport> Communicator<T> {
             reduce: None,
             count: block as u64,
             root: None,
-            algo: 0,
+            algo: algo as u8,
         });
-        let span = tracing::debug_span!("alltoall", seq = ctx.seq(), block, dtype = %E::DTYPE, algo = "pairwise");
+        let span = tracing::debug_span!("alltoall", seq = ctx.seq(), block, dtype = %E::DTYPE, algo = algo.name());
         let shape_ok = send.len() == recv.len() && send.len() % n == 0;
-        let counts = vec![block; n];
         async move {
             if !shape_ok {
                 let e = Error::invalid(format!(
@@ -659,7 +677,13 @@ impl<T: LocalTransport> Communicator<T> {
                 ));
                 return ctx.finish(Err(e));
             }
-            coll::pairwise_alltoallv(ctx, send, &counts, recv, &counts).await
+            match algo {
+                coll::AlltoallAlgo::Pairwise => {
+                    let counts = vec![block; n];
+                    coll::pairwise_alltoallv(ctx, send, &counts, recv, &counts).await
+                }
+                coll::AlltoallAlgo::Bruck => coll::bruck_alltoall(ctx, send, recv, block).await,
+            }
         }
         .instrument(span)
     }

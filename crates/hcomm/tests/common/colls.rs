@@ -147,6 +147,16 @@ pub async fn reduce_scatter<T: LocalTransport, E: TestElem>(
 pub async fn all_to_all<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], count: usize, seed: u64) {
     let n = comms.len();
     let ins = inputs::<E>(n, n * count, ReduceOp::Sum, seed);
+    for algo in hcomm::AlltoallAlgo::ALL {
+        let mut outs: Vec<Vec<E>> = ins.iter().map(|v| v.iter().rev().copied().collect()).collect();
+        for res in
+            join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_to_all_with(i, o, algo))).await
+        {
+            res.unwrap();
+        }
+        check_alltoall(&ins, &outs, count, algo);
+    }
+    // The automatic choice.
     let mut outs: Vec<Vec<E>> = ins.iter().map(|v| v.iter().rev().copied().collect()).collect();
     for res in join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_to_all(i, o))).await {
         res.unwrap();
@@ -241,5 +251,17 @@ pub async fn all_gather<T: LocalTransport, E: TestElem>(
     }
     for (r, o) in outs.iter().enumerate() {
         assert!(*o == want, "allgather {algo:?} n={n} count={count}: rank {r}");
+    }
+}
+
+fn check_alltoall<E: TestElem>(ins: &[Vec<E>], outs: &[Vec<E>], count: usize, algo: hcomm::AlltoallAlgo) {
+    let n = ins.len();
+    for r in 0..n {
+        for g in 0..n {
+            assert!(
+                outs[r][g * count..(g + 1) * count] == ins[g][r * count..(r + 1) * count],
+                "alltoall {algo:?} n={n} count={count}: block {g} at rank {r}"
+            );
+        }
     }
 }
