@@ -29,6 +29,10 @@ struct Args {
     /// tcp (processes) or mem (tasks).
     #[arg(long, default_value = "tcp")]
     transport: String,
+    /// Measure the cost model's parameters first (`Communicator::calibrate`) instead
+    /// of the transport's defaults.
+    #[arg(long)]
+    calibrate: bool,
 }
 
 const ALGOS: [Option<AllreduceAlgo>; 5] = [
@@ -121,7 +125,18 @@ fn main() {
             report(&comms[0], &a, &rows[0], "tasks in one process");
         }),
         ("tcp", true) => rank_runtime().block_on(async {
-            let comm = hcomm::init().await.unwrap_or_else(|e| fail(e));
+            let mut comm = hcomm::init().await.unwrap_or_else(|e| fail(e));
+            if a.calibrate {
+                let c = comm.calibrate().await.unwrap_or_else(|e| fail(e));
+                if comm.rank() == 0 {
+                    println!(
+                        "calibrated: alpha {:.1} us, link {:.2} GB/s, reduction {:.2} GB/s",
+                        c.alpha * 1e6,
+                        1e-9 / c.beta,
+                        1e-9 / c.gamma
+                    );
+                }
+            }
             let rows = sweep(&comm, &a).await.unwrap_or_else(|e| fail(e));
             if comm.rank() == 0 {
                 report(&comm, &a, &rows, "processes");

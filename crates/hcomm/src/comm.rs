@@ -16,6 +16,10 @@ use tracing::Instrument;
 
 use crate::store::StoreServer;
 
+/// Point-to-point tags from this value up are used by the library itself
+/// ([`Communicator::calibrate`]); applications should use tags below it.
+pub const RESERVED_TAGS: Tag = 0xFFFF_FF00;
+
 /// What a job keeps alive while any of its communicators lives.
 #[derive(Debug, Default)]
 pub(crate) struct Keep {
@@ -177,6 +181,68 @@ impl<T: LocalTransport> Communicator<T> {
     /// same change at the same point.
     pub fn set_tuning(&mut self, tuning: coll::Tuning) {
         self.group.set_tuning(tuning);
+    }
+
+    /// Measures the cost model's parameters on this job and uses them for algorithm
+    /// selection from now on: α (latency) and β (inverse bandwidth) from ping-pongs
+    /// of 8 bytes and 1 MiB between ranks 0 and 1, γ from a 1 MiB f32 reduction at
+    /// rank 0. Rank 0's figures are broadcast, so every rank chooses alike.
+    /// Collective; uses point-to-point tags from [`RESERVED_TAGS`] upward.
+    ///
+    /// # Errors
+    /// As [`Communicator::broadcast`] and [`Communicator::send`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the tuning unchanged; a broadcast it had started is
+    /// aborted on every rank.
+    pub async fn calibrate(&mut self) -> Result<coll::CostModel> {
+        let (n, me) = (self.size(), self.rank());
+        let mut cost = self.group.tuning().cost;
+        if n < 2 {
+            return Ok(cost);
+        }
+        let mut params = [0f64; 3];
+        if me < 2 {
+            let peer = 1 - me;
+            let small = self.round_trips(peer, 8, 21, RESERVED_TAGS).await?;
+            let big = self.round_trips(peer, 1 << 20, 5, RESERVED_TAGS + 1).await?;
+            let alpha = (small / 2.0).max(1e-7);
+            let beta = ((big / 2.0 - alpha) / f64::from(1u32 << 20)).max(1e-12);
+            let mut a = vec![1.0f32; 1 << 18];
+            let b = vec![2.0f32; 1 << 18];
+            let t = std::time::Instant::now();
+            for _ in 0..4 {
+                f32::reduce(ReduceOp::Sum, &mut a, &b);
+            }
+            let gamma = (t.elapsed().as_secs_f64() / 4.0 / f64::from(1u32 << 20)).max(1e-13);
+            params = [alpha, beta, gamma];
+        }
+        self.broadcast_with(&mut params, 0, coll::BcastAlgo::Binomial).await?;
+        cost = coll::CostModel { alpha: params[0], beta: params[1], gamma: params[2] };
+        let mut t = self.group.tuning().clone();
+        t.cost = cost;
+        self.group.set_tuning(t);
+        tracing::debug!(alpha = cost.alpha, beta = cost.beta, gamma = cost.gamma, "calibrated");
+        Ok(cost)
+    }
+
+    /// Median seconds of one round trip of `bytes` with `peer` (rank 0 starts).
+    async fn round_trips(&self, peer: usize, bytes: usize, reps: usize, tag: Tag) -> Result<f64> {
+        let data = vec![0u8; bytes];
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let t = std::time::Instant::now();
+            if self.rank() == 0 {
+                self.send(peer, tag, &data).await?;
+                self.recv::<u8>(peer, tag).await?;
+            } else {
+                let got = self.recv::<u8>(peer, tag).await?;
+                self.send(peer, tag, &got).await?;
+            }
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
     }
 
     /// Reproducible mode: float allreduces reduce every element in rank order

@@ -47,7 +47,7 @@ pub mod launch;
 pub mod store;
 
 pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
-pub use comm::Communicator;
+pub use comm::{Communicator, RESERVED_TAGS};
 pub use hcomm_collectives::{AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, CostModel, Tuning};
 pub use hcomm_core::{
     DType, Element, Error, ErrorKind, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,

@@ -114,3 +114,20 @@ fn algorithms_over_uring() {
         }
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calibration_agrees_on_every_rank_and_allreduce_still_works() {
+    let mut comms = hcomm::local_tcp(3).await.unwrap();
+    let models = join_all(comms.iter_mut().map(|c| c.calibrate())).await;
+    let models: Vec<hcomm::CostModel> = models.into_iter().map(|m| m.unwrap()).collect();
+    assert!(models.iter().all(|m| *m == models[0]), "{models:?}");
+    let m = models[0];
+    assert!(m.alpha > 0.0 && m.beta > 0.0 && m.gamma > 0.0, "{m:?}");
+    for c in &comms {
+        assert_eq!(c.tuning().cost, m);
+    }
+    // Whatever the calibrated model now picks, it agrees across ranks and is correct.
+    for count in [1, 1000, 200_003] {
+        check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, count as u64).await;
+    }
+}
