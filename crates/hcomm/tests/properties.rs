@@ -42,7 +42,7 @@ proptest! {
     #[test]
     fn rooted_and_exchange_collectives_match_reference(n in 1usize..=16, count in 0usize..3000,
                                                        seed in any::<u64>(), root in any::<usize>(),
-                                                       b in 0usize..3, g in 0usize..2, t in 0usize..2) {
+                                                       b in 0usize..3, g in 0usize..2) {
         run(async move {
             let comms = hcomm::local(n);
             let root = root % n;
