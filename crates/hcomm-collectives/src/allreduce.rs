@@ -145,10 +145,7 @@ impl CostModel {
 
     /// The broadcast algorithm with the lowest predicted time.
     pub fn choose_bcast(&self, n: usize, bytes: usize) -> BcastAlgo {
-        BcastAlgo::ALL
-            .into_iter()
-            .min_by(|x, y| self.bcast_time(*x, n, bytes).total_cmp(&self.bcast_time(*y, n, bytes)))
-            .expect("there are broadcast algorithms")
+        cheapest(&BcastAlgo::ALL, |a| self.bcast_time(a, n, bytes))
     }
 
     /// Predicted time of an allgather of `bytes` per rank by `algo` over `n` ranks.
@@ -167,10 +164,7 @@ impl CostModel {
 
     /// The allgather algorithm with the lowest predicted time.
     pub fn choose_allgather(&self, n: usize, bytes: usize) -> AllgatherAlgo {
-        AllgatherAlgo::ALL
-            .into_iter()
-            .min_by(|x, y| self.allgather_time(*x, n, bytes).total_cmp(&self.allgather_time(*y, n, bytes)))
-            .expect("there are allgather algorithms")
+        cheapest(&AllgatherAlgo::ALL, |a| self.allgather_time(a, n, bytes))
     }
 
     /// Predicted time of an alltoall of `bytes` per block by `algo` over `n` ranks.
@@ -192,18 +186,12 @@ impl CostModel {
 
     /// The alltoall algorithm with the lowest predicted time.
     pub fn choose_alltoall(&self, n: usize, bytes: usize) -> AlltoallAlgo {
-        AlltoallAlgo::ALL
-            .into_iter()
-            .min_by(|x, y| self.alltoall_time(*x, n, bytes).total_cmp(&self.alltoall_time(*y, n, bytes)))
-            .expect("there are alltoall algorithms")
+        cheapest(&AlltoallAlgo::ALL, |a| self.alltoall_time(a, n, bytes))
     }
 
     /// The selectable algorithm with the lowest predicted time.
     pub fn choose_allreduce(&self, n: usize, bytes: usize) -> AllreduceAlgo {
-        AllreduceAlgo::SELECTABLE
-            .into_iter()
-            .min_by(|x, y| self.allreduce_time(*x, n, bytes).total_cmp(&self.allreduce_time(*y, n, bytes)))
-            .expect("there are selectable algorithms")
+        cheapest(&AllreduceAlgo::SELECTABLE, |a| self.allreduce_time(a, n, bytes))
     }
 }
 
@@ -324,6 +312,11 @@ pub fn allreduce_signature<E: Element>(count: usize, op: ReduceOp, algo: Allredu
         root: None,
         algo: algo as u8,
     }
+}
+
+/// The entry of `all` with the lowest predicted time (the first of equals).
+fn cheapest<A: Copy>(all: &[A], time: impl Fn(A) -> f64) -> A {
+    all.iter().copied().min_by(|x, y| time(*x).total_cmp(&time(*y))).expect("every algorithm family has members")
 }
 
 fn pow2_floor(n: usize) -> usize {
