@@ -6,9 +6,6 @@
 //! partners (`p` the largest power of two not above `n`) and hand them the result at
 //! the end. Every algorithm leaves bitwise identical results on every rank.
 
-use std::fmt;
-use std::str::FromStr;
-
 use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
@@ -16,7 +13,7 @@ use crate::exchange::ring_allgatherv_in;
 use crate::exchange::{AllgatherAlgo, AlltoallAlgo};
 use crate::rooted::{BCAST_CHAIN_CHUNK_BYTES, BcastAlgo};
 use crate::rooted::{bcast_binomial, reduce_binomial};
-use crate::{OpCtx, bound, check_reduce_op, copy_in, parse_algo, reduce_in};
+use crate::{OpCtx, bound, check_reduce_op, copy_in, reduce_in};
 
 /// Target size of one pipelined piece of a ring allreduce. A segment larger than this
 /// is cut into columns that travel the ring independently, so that reducing one piece
@@ -25,60 +22,29 @@ pub const RING_CHUNK_BYTES: usize = 256 << 10;
 /// Most columns a ring allreduce uses.
 pub const RING_MAX_COLUMNS: usize = 64;
 
-/// Allreduce algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum AllreduceAlgo {
-    /// Reduce-scatter then allgather around a ring, pipelined in columns:
-    /// bandwidth-optimal (`2(n-1)/n · S` per rank), `2(n-1)` steps.
-    Ring = 1,
-    /// `log2 p` exchanges of the whole buffer: latency-optimal for small messages.
-    RecursiveDoubling = 2,
-    /// Reduce-scatter by recursive halving, allgather by recursive doubling
-    /// (Rabenseifner): bandwidth-optimal in `2 log2 p` steps.
-    Rabenseifner = 3,
-    /// Binomial-tree reduce to rank 0, then binomial-tree broadcast.
-    Tree = 4,
-    /// Reproducible mode: every segment's owner receives every rank's contribution and
-    /// reduces them in rank order, then the segments are allgathered.
-    Ordered = 5,
+algo_enum! {
+    /// Allreduce algorithms.
+    AllreduceAlgo, "allreduce" {
+        /// Reduce-scatter then allgather around a ring, pipelined in columns:
+        /// bandwidth-optimal (`2(n-1)/n · S` per rank), `2(n-1)` steps.
+        Ring = 1 => "ring",
+        /// `log2 p` exchanges of the whole buffer: latency-optimal for small messages.
+        RecursiveDoubling = 2 => "recursive_doubling",
+        /// Reduce-scatter by recursive halving, allgather by recursive doubling
+        /// (Rabenseifner): bandwidth-optimal in `2 log2 p` steps.
+        Rabenseifner = 3 => "rabenseifner",
+        /// Binomial-tree reduce to rank 0, then binomial-tree broadcast.
+        Tree = 4 => "tree",
+        /// Reproducible mode: every segment's owner receives every rank's contribution
+        /// and reduces them in rank order, then the segments are allgathered.
+        Ordered = 5 => "ordered",
+    }
 }
 
 impl AllreduceAlgo {
     /// The algorithms the selection chooses from (`Ordered` is reproducible mode's).
     pub const SELECTABLE: [AllreduceAlgo; 4] =
         [AllreduceAlgo::Ring, AllreduceAlgo::RecursiveDoubling, AllreduceAlgo::Rabenseifner, AllreduceAlgo::Tree];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AllreduceAlgo::Ring => "ring",
-            AllreduceAlgo::RecursiveDoubling => "recursive_doubling",
-            AllreduceAlgo::Rabenseifner => "rabenseifner",
-            AllreduceAlgo::Tree => "tree",
-            AllreduceAlgo::Ordered => "ordered",
-        }
-    }
-}
-
-impl fmt::Display for AllreduceAlgo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for AllreduceAlgo {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<AllreduceAlgo> {
-        let all = [
-            AllreduceAlgo::Ring,
-            AllreduceAlgo::RecursiveDoubling,
-            AllreduceAlgo::Rabenseifner,
-            AllreduceAlgo::Tree,
-            AllreduceAlgo::Ordered,
-        ];
-        parse_algo(s, &all, AllreduceAlgo::name, "allreduce")
-    }
 }
 
 /// The cost of communication, in NCCL's style: a message of `b` bytes costs

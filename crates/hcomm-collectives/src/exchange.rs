@@ -1,13 +1,11 @@
 //! Collectives where every rank gives and gets a block: reduce-scatter(v),
 //! alltoall(v), allgatherv.
 
-use std::fmt;
-
 use futures::future::try_join;
 use hcomm_core::{Element, Error, ErrorKind, LocalTransport, ReduceOp, Result};
 
 use crate::rooted::{check_counts, split_blocks};
-use crate::{OpCtx, check_reduce_op, copy_in, offsets, parse_algo, reduce_in};
+use crate::{OpCtx, check_reduce_op, copy_in, offsets, reduce_in};
 
 /// Ring reduce-scatter: block `g` of the element-wise reduction of every rank's
 /// `send` lands in rank `g`'s `recv` (`counts[g]` elements; `send` holds the sum of
@@ -179,39 +177,14 @@ pub(crate) async fn ring_allgatherv_in<T: LocalTransport, E: Element>(
     Ok(())
 }
 
-/// Allgather algorithms (equal blocks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum AllgatherAlgo {
-    /// `n - 1` steps around the host-contiguous ring, one block each.
-    Ring = 1,
-    /// Bruck's algorithm: `ceil(log2 n)` steps, step `k` sends the `2^k` blocks held so
-    /// far; for any rank count, at the price of a final local rotation.
-    Bruck = 2,
-}
-
-impl AllgatherAlgo {
-    pub const ALL: [AllgatherAlgo; 2] = [AllgatherAlgo::Ring, AllgatherAlgo::Bruck];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AllgatherAlgo::Ring => "ring",
-            AllgatherAlgo::Bruck => "bruck",
-        }
-    }
-}
-
-impl fmt::Display for AllgatherAlgo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for AllgatherAlgo {
-    type Err = hcomm_core::Error;
-
-    fn from_str(s: &str) -> Result<AllgatherAlgo> {
-        parse_algo(s, &AllgatherAlgo::ALL, AllgatherAlgo::name, "allgather")
+algo_enum! {
+    /// Allgather algorithms (equal blocks).
+    AllgatherAlgo, "allgather" {
+        /// `n - 1` steps around the host-contiguous ring, one block each.
+        Ring = 1 => "ring",
+        /// Bruck's algorithm: `ceil(log2 n)` steps, step `k` sends the `2^k` blocks held
+        /// so far; for any rank count, at the price of a final local rotation.
+        Bruck = 2 => "bruck",
     }
 }
 
@@ -271,39 +244,14 @@ async fn bruck<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, send: &[E], re
     Ok(())
 }
 
-/// Alltoall algorithms (equal blocks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum AlltoallAlgo {
-    /// `n - 1` steps; in step `s` rank `r` sends to `r + s` and receives from `r - s`.
-    Pairwise = 1,
-    /// Bruck's algorithm: `ceil(log2 n)` steps, each moving about half the blocks:
-    /// fewer messages, more bytes; for small blocks.
-    Bruck = 2,
-}
-
-impl AlltoallAlgo {
-    pub const ALL: [AlltoallAlgo; 2] = [AlltoallAlgo::Pairwise, AlltoallAlgo::Bruck];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AlltoallAlgo::Pairwise => "pairwise",
-            AlltoallAlgo::Bruck => "bruck",
-        }
-    }
-}
-
-impl fmt::Display for AlltoallAlgo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for AlltoallAlgo {
-    type Err = hcomm_core::Error;
-
-    fn from_str(s: &str) -> Result<AlltoallAlgo> {
-        parse_algo(s, &AlltoallAlgo::ALL, AlltoallAlgo::name, "alltoall")
+algo_enum! {
+    /// Alltoall algorithms (equal blocks).
+    AlltoallAlgo, "alltoall" {
+        /// `n - 1` steps; in step `s` rank `r` sends to `r + s` and receives from `r - s`.
+        Pairwise = 1 => "pairwise",
+        /// Bruck's algorithm: `ceil(log2 n)` steps, each moving about half the blocks:
+        /// fewer messages, more bytes; for small blocks.
+        Bruck = 2 => "bruck",
     }
 }
 

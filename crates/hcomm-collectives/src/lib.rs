@@ -6,6 +6,49 @@
 //! pipelined ring, the send and the receive of one step) are joined futures, so one
 //! task drives them all without a thread of ours.
 
+/// Declares an algorithm enum: its wire codes (`repr(u8)`, carried in signatures),
+/// names, `ALL`, `Display` and `FromStr`.
+macro_rules! algo_enum {
+    (
+        $(#[$meta:meta])*
+        $name:ident, $what:literal {
+            $( $(#[$vmeta:meta])* $var:ident = $code:literal => $text:literal ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum $name {
+            $( $(#[$vmeta])* $var = $code ),+
+        }
+
+        impl $name {
+            /// Every algorithm of this kind.
+            pub const ALL: [$name; [$($code),+].len()] = [$($name::$var),+];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( $name::$var => $text ),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = hcomm_core::Error;
+
+            fn from_str(s: &str) -> hcomm_core::Result<$name> {
+                crate::parse_algo(s, &$name::ALL, $name::name, $what)
+            }
+        }
+    };
+}
+
 mod allreduce;
 mod elem;
 mod exchange;

@@ -8,43 +8,17 @@ use crate::{OpCtx, check_reduce_op, copy_in, counts_hash, offsets, reduce_in};
 /// Piece size of the pipelined chain broadcast.
 pub const BCAST_CHAIN_CHUNK_BYTES: usize = 256 << 10;
 
-/// Broadcast algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum BcastAlgo {
-    /// `ceil(log2 n)` rounds; each round doubles the ranks that hold the data.
-    Binomial = 1,
-    /// Ranks in a chain from the root; the message travels in pieces, so every link
-    /// is busy at once.
-    Chain = 2,
-    /// The root sends each rank one segment, then the ranks allgather the segments
-    /// around the ring (van de Geijn).
-    ScatterAllgather = 3,
-}
-
-impl BcastAlgo {
-    pub const ALL: [BcastAlgo; 3] = [BcastAlgo::Binomial, BcastAlgo::Chain, BcastAlgo::ScatterAllgather];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BcastAlgo::Binomial => "binomial",
-            BcastAlgo::Chain => "chain",
-            BcastAlgo::ScatterAllgather => "scatter_allgather",
-        }
-    }
-}
-
-impl std::fmt::Display for BcastAlgo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for BcastAlgo {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<BcastAlgo> {
-        crate::parse_algo(s, &BcastAlgo::ALL, BcastAlgo::name, "broadcast")
+algo_enum! {
+    /// Broadcast algorithms.
+    BcastAlgo, "broadcast" {
+        /// `ceil(log2 n)` rounds; each round doubles the ranks that hold the data.
+        Binomial = 1 => "binomial",
+        /// Ranks in a chain from the root; the message travels in pieces, so every link
+        /// is busy at once.
+        Chain = 2 => "chain",
+        /// The root sends each rank one segment, then the ranks allgather the segments
+        /// around the ring (van de Geijn).
+        ScatterAllgather = 3 => "scatter_allgather",
     }
 }
 
