@@ -10,7 +10,7 @@ use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 use crate::exchange::ring_allgatherv_in;
-use crate::exchange::{AllgatherAlgo, AlltoallAlgo};
+use crate::exchange::{AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo};
 use crate::rooted::{BCAST_CHAIN_CHUNK_BYTES, BcastAlgo};
 use crate::rooted::{bcast_binomial, reduce_binomial};
 use crate::{OpCtx, bound, check_reduce_op, copy_in, reduce_in};
@@ -125,7 +125,35 @@ impl CostModel {
             // Bruck moves the same bytes in fewer messages, then rotates them locally
             // (charged at the reduction rate, a memory-bound pass).
             AllgatherAlgo::Bruck => nf.log2().ceil() * a + (nf - 1.0) * s * b + nf * s * g,
+            // The folded ranks send their block in and get the whole result back.
+            AllgatherAlgo::RecursiveDoubling => {
+                let p = pow2_floor(n) as f64;
+                let fold = if p < nf { 2.0 * a + s * b + nf * s * b } else { 0.0 };
+                p.log2() * a + (nf - 1.0) * s * b + fold
+            }
         }
+    }
+
+    /// Predicted time of a reduce-scatter of blocks of `bytes` by `algo` over `n` ranks.
+    pub fn reduce_scatter_time(&self, algo: ReduceScatterAlgo, n: usize, bytes: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let (a, b, g, s, nf) = (self.alpha, self.beta, self.gamma, bytes as f64, n as f64);
+        match algo {
+            ReduceScatterAlgo::Ring => (nf - 1.0) * (a + s * (b + g)),
+            ReduceScatterAlgo::RecursiveHalving => {
+                let p = pow2_floor(n) as f64;
+                let whole = nf * s;
+                let fold = if p < nf { 2.0 * a + whole * (b + g) + s * b } else { 0.0 };
+                p.log2() * a + (p - 1.0) / p * whole * (b + g) + fold
+            }
+        }
+    }
+
+    /// The reduce-scatter algorithm with the lowest predicted time.
+    pub fn choose_reduce_scatter(&self, n: usize, bytes: usize) -> ReduceScatterAlgo {
+        cheapest(&ReduceScatterAlgo::ALL, |a| self.reduce_scatter_time(a, n, bytes))
     }
 
     /// The allgather algorithm with the lowest predicted time.
@@ -161,6 +189,33 @@ impl CostModel {
     }
 }
 
+/// Algorithm choices measured on one job (see `Communicator::tune`): for each
+/// collective, the fastest algorithm at each measured size, as `(bytes, algorithm)`
+/// sorted by size. A size between two measured ones takes the choice of the nearer
+/// on a log scale. The sizes mean what the selection functions of [`Tuning`] take
+/// (the whole buffer for allreduce and broadcast, one rank's block for the others).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Measured {
+    /// The rank count the table was measured with; other groups (such as those of a
+    /// split) ignore it.
+    pub ranks: usize,
+    pub allreduce: Vec<(usize, AllreduceAlgo)>,
+    pub broadcast: Vec<(usize, BcastAlgo)>,
+    pub allgather: Vec<(usize, AllgatherAlgo)>,
+    pub reduce_scatter: Vec<(usize, ReduceScatterAlgo)>,
+    pub alltoall: Vec<(usize, AlltoallAlgo)>,
+}
+
+impl Measured {
+    fn pick<A: Copy>(&self, table: &[(usize, A)], n: usize, bytes: usize) -> Option<A> {
+        if n != self.ranks {
+            return None;
+        }
+        let dist = |size: usize| ((bytes as f64 + 1.0).log2() - (size as f64 + 1.0).log2()).abs();
+        table.iter().min_by(|x, y| dist(x.0).total_cmp(&dist(y.0))).map(|e| e.1)
+    }
+}
+
 /// How a communicator chooses its algorithms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tuning {
@@ -175,6 +230,10 @@ pub struct Tuning {
     pub allgather: Option<AllgatherAlgo>,
     /// Forces this alltoall algorithm (`HCOMM_ALGO_ALLTOALL`).
     pub alltoall: Option<AlltoallAlgo>,
+    /// Forces this reduce-scatter algorithm (`HCOMM_ALGO_REDUCE_SCATTER`).
+    pub reduce_scatter: Option<ReduceScatterAlgo>,
+    /// Choices measured on this job; they take precedence over the cost model.
+    pub measured: Measured,
 }
 
 impl Tuning {
@@ -187,11 +246,13 @@ impl Tuning {
             broadcast: None,
             allgather: None,
             alltoall: None,
+            reduce_scatter: None,
+            measured: Measured::default(),
         }
     }
 
-    /// Applies `HCOMM_ALGO_ALLREDUCE`, `HCOMM_ALGO_BROADCAST`, `HCOMM_ALGO_ALLGATHER`
-    /// (an algorithm name or `auto`),
+    /// Applies `HCOMM_ALGO_ALLREDUCE`, `HCOMM_ALGO_BROADCAST`, `HCOMM_ALGO_ALLGATHER`,
+    /// `HCOMM_ALGO_ALLTOALL`, `HCOMM_ALGO_REDUCE_SCATTER` (an algorithm name or `auto`),
     /// `HCOMM_REPRODUCIBLE` (`0`/`1`), and the cost parameters `HCOMM_COST_ALPHA_US`
     /// (microseconds per message), `HCOMM_COST_GBPS` (link bandwidth) and
     /// `HCOMM_COST_REDUCE_GBPS`, read through `get`. Every rank must see the same
@@ -211,6 +272,9 @@ impl Tuning {
         }
         if let Some(v) = get("HCOMM_ALGO_ALLTOALL") {
             self.alltoall = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        }
+        if let Some(v) = get("HCOMM_ALGO_REDUCE_SCATTER") {
+            self.reduce_scatter = if v.trim() == "auto" { None } else { Some(v.parse()?) };
         }
         if let Some(v) = get("HCOMM_REPRODUCIBLE") {
             self.reproducible = match v.trim() {
@@ -240,19 +304,37 @@ impl Tuning {
         Ok(self)
     }
 
-    /// The broadcast algorithm for `bytes` over `n` ranks: asked, forced, or cheapest.
+    /// The broadcast algorithm for `bytes` over `n` ranks: asked, forced, measured, or
+    /// cheapest by the cost model (so for every family below).
     pub fn bcast_algo(&self, n: usize, bytes: usize, asked: Option<BcastAlgo>) -> BcastAlgo {
-        asked.or(self.broadcast).unwrap_or_else(|| self.cost.choose_bcast(n, bytes))
+        asked
+            .or(self.broadcast)
+            .or_else(|| self.measured.pick(&self.measured.broadcast, n, bytes))
+            .unwrap_or_else(|| self.cost.choose_bcast(n, bytes))
     }
 
     /// The alltoall algorithm for blocks of `bytes` over `n` ranks.
     pub fn alltoall_algo(&self, n: usize, bytes: usize, asked: Option<AlltoallAlgo>) -> AlltoallAlgo {
-        asked.or(self.alltoall).unwrap_or_else(|| self.cost.choose_alltoall(n, bytes))
+        asked
+            .or(self.alltoall)
+            .or_else(|| self.measured.pick(&self.measured.alltoall, n, bytes))
+            .unwrap_or_else(|| self.cost.choose_alltoall(n, bytes))
     }
 
     /// The allgather algorithm for `bytes` per rank over `n` ranks.
     pub fn allgather_algo(&self, n: usize, bytes: usize, asked: Option<AllgatherAlgo>) -> AllgatherAlgo {
-        asked.or(self.allgather).unwrap_or_else(|| self.cost.choose_allgather(n, bytes))
+        asked
+            .or(self.allgather)
+            .or_else(|| self.measured.pick(&self.measured.allgather, n, bytes))
+            .unwrap_or_else(|| self.cost.choose_allgather(n, bytes))
+    }
+
+    /// The reduce-scatter algorithm for blocks of `bytes` over `n` ranks.
+    pub fn reduce_scatter_algo(&self, n: usize, bytes: usize, asked: Option<ReduceScatterAlgo>) -> ReduceScatterAlgo {
+        asked
+            .or(self.reduce_scatter)
+            .or_else(|| self.measured.pick(&self.measured.reduce_scatter, n, bytes))
+            .unwrap_or_else(|| self.cost.choose_reduce_scatter(n, bytes))
     }
 
     /// The algorithm an allreduce of `bytes` of `dtype` over `n` ranks runs:
@@ -262,7 +344,10 @@ impl Tuning {
         if self.reproducible && float {
             return AllreduceAlgo::Ordered;
         }
-        asked.or(self.allreduce).unwrap_or_else(|| self.cost.choose_allreduce(n, bytes))
+        asked
+            .or(self.allreduce)
+            .or_else(|| self.measured.pick(&self.measured.allreduce, n, bytes))
+            .unwrap_or_else(|| self.cost.choose_allreduce(n, bytes))
     }
 }
 
@@ -285,7 +370,7 @@ fn cheapest<A: Copy>(all: &[A], time: impl Fn(A) -> f64) -> A {
     all.iter().copied().min_by(|x, y| time(*x).total_cmp(&time(*y))).expect("every algorithm family has members")
 }
 
-fn pow2_floor(n: usize) -> usize {
+pub(crate) fn pow2_floor(n: usize) -> usize {
     if n == 0 { 0 } else { 1 << (usize::BITS - 1 - n.leading_zeros()) }
 }
 
@@ -341,8 +426,8 @@ async fn ring<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], 
     Ok(())
 }
 
-const FOLD_TAG: u32 = 1 << 20;
-const UNFOLD_TAG: u32 = FOLD_TAG + 1;
+pub(crate) const FOLD_TAG: u32 = 1 << 20;
+pub(crate) const UNFOLD_TAG: u32 = FOLD_TAG + 1;
 
 /// Folds the ranks beyond the largest power of two `p` into partners: among the first
 /// `2(n-p)` ranks, even ones hand their data to the next odd one and sit out. Returns
@@ -367,7 +452,7 @@ async fn fold_in<T: LocalTransport, E: Element>(
 }
 
 /// The group rank of index `v` among the ranks that go on after [`fold_in`].
-fn unfolded(v: usize, n: usize) -> usize {
+pub(crate) fn unfolded(v: usize, n: usize) -> usize {
     let rem = n - pow2_floor(n);
     if v < rem { 2 * v + 1 } else { v + rem }
 }

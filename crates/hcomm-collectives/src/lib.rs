@@ -60,11 +60,12 @@ use futures::future::try_join;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 pub use allreduce::{
-    AllreduceAlgo, CostModel, RING_CHUNK_BYTES, RING_MAX_COLUMNS, Tuning, allreduce, allreduce_signature,
+    AllreduceAlgo, CostModel, Measured, RING_CHUNK_BYTES, RING_MAX_COLUMNS, Tuning, allreduce, allreduce_signature,
 };
 pub use elem::{copy_in, reduce_in, to_vec};
 pub use exchange::{
-    AllgatherAlgo, AlltoallAlgo, allgather, bruck_alltoall, pairwise_alltoallv, ring_allgatherv, ring_reduce_scatter,
+    AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo, allgather, allgatherv, bruck_alltoall, pairwise_alltoallv,
+    reduce_scatter, reduce_scatter_signature,
 };
 pub use group::{Group, OpCtx};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};

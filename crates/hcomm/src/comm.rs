@@ -642,7 +642,8 @@ impl<T: LocalTransport> Communicator<T> {
     }
 
     /// Reduces every rank's `send` (`size() * recv.len()` elements) element-wise and
-    /// leaves block `r` of the result in rank `r`'s `recv` (ring).
+    /// leaves block `r` of the result in rank `r`'s `recv`, by the algorithm the
+    /// tuning chooses for the block size (ring or recursive halving).
     ///
     /// # Errors
     /// See the impl block; also a wrong `send` length.
@@ -655,17 +656,29 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         op: ReduceOp,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(Signature {
-            op: OpKind::ReduceScatter,
-            dtype: Some(E::DTYPE),
-            reduce: Some(op),
-            count: recv.len() as u64,
-            root: None,
-            algo: 0,
-        });
+        let algo = self.group.tuning().reduce_scatter_algo(self.size(), std::mem::size_of_val(recv), None);
+        self.reduce_scatter_with(send, recv, op, algo)
+    }
+
+    /// [`Communicator::reduce_scatter`] with a chosen algorithm. Every rank must
+    /// choose the same.
+    ///
+    /// # Errors
+    /// As [`Communicator::reduce_scatter`].
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn reduce_scatter_with<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        op: ReduceOp,
+        algo: coll::ReduceScatterAlgo,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::reduce_scatter_signature::<E>(recv.len(), None, op, algo));
         let counts = vec![recv.len(); self.size()];
-        let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = "ring");
-        async move { coll::ring_reduce_scatter(ctx, send, recv, &counts, op).await }.instrument(span)
+        let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = algo.name());
+        async move { coll::reduce_scatter(ctx, send, recv, &counts, op, algo).await }.instrument(span)
     }
 
     /// [`Communicator::reduce_scatter`] with per-rank block sizes: block `g` has
@@ -683,9 +696,30 @@ impl<T: LocalTransport> Communicator<T> {
         counts: &'a [usize],
         op: ReduceOp,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::v_signature::<E>(OpKind::ReduceScatterV, counts, Some(op), None));
-        let span = tracing::debug_span!("reduce_scatter_v", seq = ctx.seq(), dtype = %E::DTYPE, %op, algo = "ring");
-        coll::ring_reduce_scatter(ctx, send, recv, counts, op).instrument(span)
+        let algo = self.group.tuning().reduce_scatter_algo(self.size(), mean_bytes::<E>(counts), None);
+        self.reduce_scatter_v_with(send, recv, counts, op, algo)
+    }
+
+    /// [`Communicator::reduce_scatter_v`] with a chosen algorithm. Every rank must
+    /// choose the same.
+    ///
+    /// # Errors
+    /// As [`Communicator::reduce_scatter_v`].
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn reduce_scatter_v_with<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        counts: &'a [usize],
+        op: ReduceOp,
+        algo: coll::ReduceScatterAlgo,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let ctx = self.group.begin(coll::reduce_scatter_signature::<E>(0, Some(counts), op, algo));
+        let span =
+            tracing::debug_span!("reduce_scatter_v", seq = ctx.seq(), dtype = %E::DTYPE, %op, algo = algo.name());
+        coll::reduce_scatter(ctx, send, recv, counts, op, algo).instrument(span)
     }
 
     /// Every rank sends block `g` of `send` to rank `g`, and receives rank `g`'s
@@ -785,7 +819,8 @@ impl<T: LocalTransport> Communicator<T> {
 
     /// [`Communicator::all_gather`] with per-rank lengths: block `g` of `recv`
     /// (`counts[g]` elements) receives rank `g`'s `send`. Every rank passes the same
-    /// `counts`.
+    /// `counts`. Runs the ring or recursive doubling, as the tuning chooses for the
+    /// mean block size (a choice of Bruck runs the ring: Bruck is for equal blocks).
     ///
     /// # Errors
     /// See the impl block; also counts that disagree across ranks or with the buffers.
@@ -798,9 +833,34 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         counts: &'a [usize],
     ) -> impl Future<Output = Result<()>> + 'a {
-        let ctx = self.group.begin(coll::v_signature::<E>(OpKind::AllGatherV, counts, None, None));
-        let span = tracing::debug_span!("allgatherv", seq = ctx.seq(), dtype = %E::DTYPE, algo = "ring");
-        coll::ring_allgatherv(ctx, send, recv, counts).instrument(span)
+        let algo = self.group.tuning().allgather_algo(self.size(), mean_bytes::<E>(counts), None);
+        self.all_gather_v_with(send, recv, counts, algo)
+    }
+
+    /// [`Communicator::all_gather_v`] with a chosen algorithm (`Bruck` runs the ring).
+    /// Every rank must choose the same.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_gather_v`].
+    ///
+    /// # Cancel safety
+    /// See the impl block.
+    pub fn all_gather_v_with<'a, E: Element>(
+        &'a self,
+        send: &'a [E],
+        recv: &'a mut [E],
+        counts: &'a [usize],
+        algo: coll::AllgatherAlgo,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let algo = match algo {
+            coll::AllgatherAlgo::RecursiveDoubling => coll::AllgatherAlgo::RecursiveDoubling,
+            coll::AllgatherAlgo::Ring | coll::AllgatherAlgo::Bruck => coll::AllgatherAlgo::Ring,
+        };
+        let mut sig = coll::v_signature::<E>(OpKind::AllGatherV, counts, None, None);
+        sig.algo = algo as u8;
+        let ctx = self.group.begin(sig);
+        let span = tracing::debug_span!("allgatherv", seq = ctx.seq(), dtype = %E::DTYPE, algo = algo.name());
+        coll::allgatherv(ctx, send, recv, counts, algo).instrument(span)
     }
 
     /// Inclusive prefix reduction: rank `r`'s `buf` becomes `x_0 op … op x_r`
@@ -861,4 +921,9 @@ impl<T: LocalTransport> Drop for Reserved<T> {
             drop(self.comm.group.begin_reserved(self.seq, sig));
         }
     }
+}
+
+/// Mean bytes per rank of a counts vector of `E`.
+fn mean_bytes<E: Element>(counts: &[usize]) -> usize {
+    std::mem::size_of::<E>() * counts.iter().sum::<usize>() / counts.len().max(1)
 }

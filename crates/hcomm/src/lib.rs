@@ -48,7 +48,9 @@ pub mod store;
 
 pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use comm::{Communicator, RESERVED_TAGS};
-pub use hcomm_collectives::{AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, CostModel, Tuning};
+pub use hcomm_collectives::{
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, CostModel, Measured, ReduceScatterAlgo, Tuning,
+};
 pub use hcomm_core::{
     DType, Element, Error, ErrorKind, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
 };

@@ -5,7 +5,7 @@
 mod common;
 
 use common::colls;
-use hcomm::{BcastAlgo, ReduceOp, bf16};
+use hcomm::{AllgatherAlgo, BcastAlgo, ReduceOp, ReduceScatterAlgo, bf16};
 
 const SIZES: &[usize] = &[0, 1, 7, 97, 1000];
 
@@ -44,18 +44,24 @@ async fn exchanges_and_scans() {
         for (i, &count) in SIZES.iter().enumerate() {
             let seed = (n * 100 + i) as u64;
             colls::all_to_all::<_, u16>(&comms, count, seed).await;
-            colls::all_gather_v::<_, f32>(&comms, count, seed).await;
-            for algo in hcomm::AllgatherAlgo::ALL {
+            for algo in AllgatherAlgo::ALL {
                 colls::all_gather::<_, i16>(&comms, count, algo, seed).await;
                 colls::all_gather::<_, f64>(&comms, count, algo, seed).await;
+                colls::all_gather_v::<_, f32>(&comms, count, algo, seed).await;
             }
             for op in ReduceOp::ALL {
+                for algo in ReduceScatterAlgo::ALL {
+                    if op.supports(hcomm::DType::F64) {
+                        colls::reduce_scatter::<_, f64>(&comms, count, op, algo, seed).await;
+                    }
+                    if op.supports(hcomm::DType::U32) {
+                        colls::reduce_scatter::<_, u32>(&comms, count, op, algo, seed).await;
+                    }
+                }
                 if op.supports(hcomm::DType::F64) {
-                    colls::reduce_scatter::<_, f64>(&comms, count, op, seed).await;
                     colls::scans::<_, f32>(&comms, count, op, seed).await;
                 }
                 if op.supports(hcomm::DType::U32) {
-                    colls::reduce_scatter::<_, u32>(&comms, count, op, seed).await;
                     colls::scans::<_, i8>(&comms, count, op, seed).await;
                 }
             }
@@ -63,14 +69,26 @@ async fn exchanges_and_scans() {
     }
 }
 
+/// Several MiB per collective and algorithm (sizes prime, so never divisible by the
+/// rank count).
 #[tokio::test(flavor = "current_thread")]
-async fn large_broadcasts_stream_through_the_chain() {
-    for n in [3, 5] {
+async fn several_mebibytes_per_collective() {
+    for n in [3, 5, 8] {
         let comms = hcomm::local(n);
         colls::broadcast::<_, f32>(&comms, 3_000_017, 1, BcastAlgo::Chain, 1).await;
         colls::broadcast::<_, f32>(&comms, 1_000_003, n - 1, BcastAlgo::Binomial, 2).await;
         colls::broadcast::<_, f32>(&comms, 2_000_029, 0, BcastAlgo::ScatterAllgather, 4).await;
-        colls::all_gather::<_, u8>(&comms, 700_001, hcomm::AllgatherAlgo::Bruck, 5).await;
-        colls::reduce_scatter::<_, f32>(&comms, 400_001, ReduceOp::Sum, 3).await;
+        for algo in AllgatherAlgo::ALL {
+            colls::all_gather::<_, u8>(&comms, 700_001, algo, 5).await;
+            colls::all_gather_v::<_, f32>(&comms, 300_007, algo, 6).await;
+        }
+        for algo in ReduceScatterAlgo::ALL {
+            colls::reduce_scatter::<_, f32>(&comms, 400_009, ReduceOp::Sum, algo, 3).await;
+            colls::reduce_scatter::<_, i64>(&comms, 200_003, ReduceOp::Max, algo, 3).await;
+        }
+        colls::reduce::<_, f64>(&comms, 1_000_003, ReduceOp::Sum, n / 2, 7).await;
+        colls::gather_scatter::<_, f32>(&comms, 500_009, n - 1, 8).await;
+        colls::all_to_all::<_, f32>(&comms, 200_003, 9).await;
+        colls::scans::<_, f64>(&comms, 700_001, ReduceOp::Sum, 10).await;
     }
 }

@@ -18,11 +18,13 @@ async fn suite<T: LocalTransport>(comms: &[Communicator<T>]) {
         }
         colls::reduce::<_, f64>(comms, count, ReduceOp::Sum, n / 2, seed).await;
         colls::gather_scatter::<_, u32>(comms, count, 0, seed).await;
-        colls::reduce_scatter::<_, f32>(comms, count, ReduceOp::Max, seed).await;
+        for algo in hcomm::ReduceScatterAlgo::ALL {
+            colls::reduce_scatter::<_, f32>(comms, count, ReduceOp::Max, algo, seed).await;
+        }
         colls::all_to_all::<_, i16>(comms, count, seed).await;
-        colls::all_gather_v::<_, u8>(comms, count, seed).await;
         for algo in hcomm::AllgatherAlgo::ALL {
             colls::all_gather::<_, f32>(comms, count, algo, seed).await;
+            colls::all_gather_v::<_, u8>(comms, count, algo, seed).await;
         }
         colls::scans::<_, i64>(comms, count, ReduceOp::Sum, seed).await;
     }

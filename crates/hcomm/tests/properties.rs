@@ -6,7 +6,7 @@
 mod common;
 
 use common::{check_allreduce_with, colls};
-use hcomm::{AllgatherAlgo, AllreduceAlgo, BcastAlgo, ReduceOp};
+use hcomm::{AllgatherAlgo, AllreduceAlgo, BcastAlgo, ReduceOp, ReduceScatterAlgo};
 use proptest::prelude::*;
 
 fn run<F: std::future::Future<Output = ()>>(f: F) {
@@ -42,7 +42,7 @@ proptest! {
     #[test]
     fn rooted_and_exchange_collectives_match_reference(n in 1usize..=16, count in 0usize..3000,
                                                        seed in any::<u64>(), root in any::<usize>(),
-                                                       b in 0usize..3, g in 0usize..2) {
+                                                       b in 0usize..3, g in 0usize..3, h in 0usize..2) {
         run(async move {
             let comms = hcomm::local(n);
             let root = root % n;
@@ -50,10 +50,11 @@ proptest! {
             colls::reduce::<_, f32>(&comms, count, ReduceOp::Sum, root, seed).await;
             colls::gather_scatter::<_, u16>(&comms, count, root, seed).await;
             colls::all_gather::<_, u8>(&comms, count, AllgatherAlgo::ALL[g], seed).await;
-            colls::reduce_scatter::<_, i64>(&comms, count, ReduceOp::Max, seed).await;
+            colls::reduce_scatter::<_, i64>(&comms, count, ReduceOp::Max, ReduceScatterAlgo::ALL[h], seed).await;
+            colls::reduce_scatter::<_, f32>(&comms, count, ReduceOp::Sum, ReduceScatterAlgo::ALL[h], seed).await;
             // Both alltoall algorithms and the automatic choice.
             colls::all_to_all::<_, f32>(&comms, count % 300, seed).await;
-            colls::all_gather_v::<_, i8>(&comms, count, seed).await;
+            colls::all_gather_v::<_, i8>(&comms, count, AllgatherAlgo::ALL[g], seed).await;
             colls::scans::<_, f64>(&comms, count, ReduceOp::Sum, seed).await;
         });
     }

@@ -118,6 +118,7 @@ pub async fn reduce_scatter<T: LocalTransport, E: TestElem>(
     comms: &[Communicator<T>],
     count: usize,
     op: ReduceOp,
+    algo: hcomm::ReduceScatterAlgo,
     seed: u64,
 ) {
     let n = comms.len();
@@ -128,7 +129,11 @@ pub async fn reduce_scatter<T: LocalTransport, E: TestElem>(
         let equal = counts.iter().all(|&c| c == count);
         let counts = &counts;
         let res = join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| async move {
-            if equal { c.reduce_scatter(i, o, op).await } else { c.reduce_scatter_v(i, o, counts, op).await }
+            if equal {
+                c.reduce_scatter_with(i, o, op, algo).await
+            } else {
+                c.reduce_scatter_v_with(i, o, counts, op, algo).await
+            }
         }))
         .await;
         res.into_iter().for_each(|r| r.unwrap());
@@ -138,7 +143,7 @@ pub async fn reduce_scatter<T: LocalTransport, E: TestElem>(
                 &block,
                 op,
                 &outs[r],
-                &format!("reduce_scatter n={n} counts={counts:?} {} {op} rank {r}", E::DTYPE),
+                &format!("reduce_scatter {algo} n={n} counts={counts:?} {} {op} rank {r}", E::DTYPE),
             );
         }
     }
@@ -194,19 +199,26 @@ pub async fn all_to_all<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>
     }
 }
 
-pub async fn all_gather_v<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], count: usize, seed: u64) {
+pub async fn all_gather_v<T: LocalTransport, E: TestElem>(
+    comms: &[Communicator<T>],
+    count: usize,
+    algo: hcomm::AllgatherAlgo,
+    seed: u64,
+) {
     let n = comms.len();
     let counts = random_counts(n, count, seed);
     let ins: Vec<Vec<E>> =
         (0..n).map(|r| inputs::<E>(1, counts[r], ReduceOp::Sum, seed + r as u64).remove(0)).collect();
     let want: Vec<E> = ins.concat();
     let mut outs: Vec<Vec<E>> = (0..n).map(|_| want.iter().rev().copied().collect()).collect();
-    for res in
-        join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_gather_v(i, o, &counts))).await
+    for res in join_all(
+        comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_gather_v_with(i, o, &counts, algo)),
+    )
+    .await
     {
         res.unwrap();
     }
-    assert!(outs.iter().all(|o| *o == want), "allgatherv n={n} counts={counts:?}");
+    assert!(outs.iter().all(|o| *o == want), "allgatherv {algo} n={n} counts={counts:?}");
 }
 
 pub async fn scans<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], count: usize, op: ReduceOp, seed: u64) {
