@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use common::{fail, launch_self, parse_size, rank_runtime};
 use hcomm::{AllreduceAlgo, Communicator, LocalTransport, ReduceOp};
+use tracing_subscriber::prelude::*;
 
 mod common;
 
@@ -140,9 +141,15 @@ fn as_rank(args: &Args) {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
+    // Logs as RUST_LOG asks, and HCOMM_STATS' statistics beside them.
+    let stats = hcomm::stats::layer_from_env().unwrap_or_else(|e| fail(e));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(tracing_subscriber::EnvFilter::from_default_env()),
+        )
+        .with(stats)
         .init();
     let args = Args::parse();
     if args.ranks == 0 {

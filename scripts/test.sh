@@ -32,7 +32,7 @@ check "hcomm run -n 4 (tcp)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3
 check "hcomm run -n 4 (uring)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3 --transport uring
 check "ring_allreduce --transport mem" "$ex" --bytes 4M --iters 3 --transport mem
 check "hcomm run -n 3, HCOMM_ALGO_ALLREDUCE=rabenseifner" env HCOMM_ALGO_ALLREDUCE=rabenseifner "$bin" run -n 3 -- "$ex" --bytes 1M --iters 3 --algo auto
-cargo build --release --example overlap --example allreduce_sweep
+cargo build --release --example overlap --example algo_sweep
 check "overlap (2 ranks)" target/release/examples/overlap --ranks 2 --iters 1 --buckets 3
 if command -v mpirun >/dev/null; then
     # Ranks above 2 oversubscribe this 2-core machine.

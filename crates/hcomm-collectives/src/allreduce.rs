@@ -670,7 +670,12 @@ mod tests {
         assert_eq!(tcp.choose_allreduce(1, 1 << 20), AllreduceAlgo::Ring);
         assert_eq!(tcp.choose_bcast(8, 8), BcastAlgo::Binomial);
         assert_eq!(tcp.choose_bcast(8, 64 << 20), BcastAlgo::Chain);
-        assert_eq!(tcp.choose_allgather(8, 8), AllgatherAlgo::Bruck);
+        // Small blocks: recursive doubling on a power of two (no rotation), Bruck
+        // otherwise (no fold).
+        assert_eq!(tcp.choose_allgather(8, 8), AllgatherAlgo::RecursiveDoubling);
+        assert_eq!(tcp.choose_allgather(6, 8), AllgatherAlgo::Bruck);
+        assert_eq!(tcp.choose_reduce_scatter(8, 8), ReduceScatterAlgo::RecursiveHalving);
+        assert_eq!(tcp.choose_reduce_scatter(6, 1 << 20), ReduceScatterAlgo::Ring);
         assert_eq!(tcp.choose_alltoall(16, 8), AlltoallAlgo::Bruck);
         assert_eq!(tcp.choose_alltoall(16, 1 << 20), AlltoallAlgo::Pairwise);
         assert_eq!(pow2_floor(1), 1);
@@ -699,5 +704,38 @@ mod tests {
         let e =
             Tuning::for_transport("tcp").with_env(|k| (k == "HCOMM_REPRODUCIBLE").then(|| "maybe".into())).unwrap_err();
         assert!(e.to_string().contains("HCOMM_REPRODUCIBLE"), "{e}");
+        let t = Tuning::for_transport("tcp")
+            .with_env(|k| (k == "HCOMM_ALGO_REDUCE_SCATTER").then(|| "recursive_halving".into()))
+            .unwrap();
+        assert_eq!(t.reduce_scatter_algo(4, 1 << 30, None), ReduceScatterAlgo::RecursiveHalving);
+    }
+
+    #[test]
+    fn measured_table_takes_the_nearest_size_on_a_log_scale() {
+        let mut t = Tuning::for_transport("tcp");
+        t.measured = Measured {
+            ranks: 4,
+            allreduce: vec![
+                (8, AllreduceAlgo::Tree),
+                (4096, AllreduceAlgo::RecursiveDoubling),
+                (1 << 20, AllreduceAlgo::Ring),
+            ],
+            reduce_scatter: vec![(8, ReduceScatterAlgo::RecursiveHalving)],
+            ..Measured::default()
+        };
+        assert_eq!(t.allreduce_algo(4, 0, false, None), AllreduceAlgo::Tree);
+        assert_eq!(t.allreduce_algo(4, 100, false, None), AllreduceAlgo::Tree);
+        assert_eq!(t.allreduce_algo(4, 300, false, None), AllreduceAlgo::RecursiveDoubling);
+        assert_eq!(t.allreduce_algo(4, 60_000, false, None), AllreduceAlgo::RecursiveDoubling);
+        assert_eq!(t.allreduce_algo(4, 70_000, false, None), AllreduceAlgo::Ring);
+        assert_eq!(t.allreduce_algo(4, 1 << 30, false, None), AllreduceAlgo::Ring);
+        assert_eq!(t.reduce_scatter_algo(4, 1 << 30, None), ReduceScatterAlgo::RecursiveHalving);
+        // Asked and forced algorithms win; an empty family and other rank counts fall
+        // back to the cost model.
+        assert_eq!(t.allreduce_algo(4, 100, false, Some(AllreduceAlgo::Ring)), AllreduceAlgo::Ring);
+        assert_eq!(t.allreduce_algo(8, 8, false, None), t.cost.choose_allreduce(8, 8));
+        assert_eq!(t.bcast_algo(4, 8, None), t.cost.choose_bcast(4, 8));
+        t.allreduce = Some(AllreduceAlgo::Rabenseifner);
+        assert_eq!(t.allreduce_algo(4, 100, false, None), AllreduceAlgo::Rabenseifner);
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use hcomm_core::events;
 use hcomm_core::mailbox::encode_abort;
 use hcomm_core::{
     Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature,
@@ -29,8 +30,12 @@ pub struct Group<T> {
     ring: Arc<[usize]>,
     next_seq: AtomicU64,
     timeout: Duration,
+    stall_warn: Option<Duration>,
     tuning: Tuning,
 }
+
+/// Default of the stall report's threshold (`HCOMM_STALL_WARN`).
+pub const DEFAULT_STALL_WARN: Duration = Duration::from_secs(5);
 
 impl<T: LocalTransport> Group<T> {
     /// The group of every rank of `transport`, with communicator id `comm`.
@@ -62,6 +67,7 @@ impl<T: LocalTransport> Group<T> {
             ring,
             next_seq: AtomicU64::new(1),
             timeout,
+            stall_warn: Some(DEFAULT_STALL_WARN),
             tuning,
         }
     }
@@ -73,6 +79,7 @@ impl<T: LocalTransport> Group<T> {
         let world: Vec<Rank> = members.iter().map(|&m| self.members[m]).collect();
         let mut g = Group::build(self.transport.clone(), comm, world, me, self.topology.subset(members), self.timeout);
         g.tuning = self.tuning.clone();
+        g.stall_warn = self.stall_warn;
         Some(g)
     }
 
@@ -111,6 +118,16 @@ impl<T: LocalTransport> Group<T> {
 
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// After how long a waiting operation reports its stall (again after twice,
+    /// four times … that long); `None` for never.
+    pub fn stall_warn(&self) -> Option<Duration> {
+        self.stall_warn
+    }
+
+    pub fn set_stall_warn(&mut self, after: Option<Duration>) {
+        self.stall_warn = after;
     }
 
     /// How this group chooses algorithms.
@@ -176,19 +193,25 @@ pub struct OpCtx<'g, T: LocalTransport> {
     g: &'g Group<T>,
     seq: u64,
     sig: Signature,
+    start: Instant,
     deadline: Instant,
     waiting: Mutex<BTreeMap<usize, usize>>,
+    /// Bytes this rank sent and received in the operation.
+    moved: AtomicU64,
     done: AtomicBool,
 }
 
 impl<'g, T: LocalTransport> OpCtx<'g, T> {
     fn new(g: &'g Group<T>, seq: u64, sig: Signature) -> OpCtx<'g, T> {
+        let start = Instant::now();
         OpCtx {
             g,
             seq,
             sig,
-            deadline: Instant::now() + g.timeout,
+            start,
+            deadline: start + g.timeout,
             waiting: Mutex::new(BTreeMap::new()),
+            moved: AtomicU64::new(0),
             done: AtomicBool::new(false),
         }
     }
@@ -228,8 +251,11 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
 
     /// Sends `payload` to group rank `to` under `tag`.
     pub fn send(&self, to: usize, tag: u32, payload: Bytes) -> impl Future<Output = Result<()>> + use<'g, T> {
-        let h = Header::data(self.g.world_rank(self.g.me), self.g.comm, self.seq, tag, &self.sig, payload.len());
+        let me = self.g.world_rank(self.g.me);
+        let h = Header::data(me, self.g.comm, self.seq, tag, &self.sig, payload.len());
         let to = self.g.world_rank(to);
+        self.moved.fetch_add(payload.len() as u64, Ordering::Relaxed);
+        events::message(me as u32, to as u32, self.sig.op, true, payload.len() as u64, Duration::ZERO);
         let fut = self.g.transport.send(to, h, payload);
         async move { fut.await.map_err(|e| e.with_peer(to)) }
     }
@@ -242,9 +268,14 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         let key = MatchKey { src, comm: self.g.comm, seq: self.seq, tag };
         let fut = self.g.transport.mailbox().recv(key);
         *self.waiting.lock().entry(from).or_insert(0) += 1;
+        let posted = Instant::now();
         async move {
             // A failed receive leaves its entry: this rank is still waiting for `from`.
             let frame = fut.await?;
+            let len = frame.payload.len() as u64;
+            self.moved.fetch_add(len, Ordering::Relaxed);
+            let me = self.g.world_rank(self.g.me) as u32;
+            events::message(me, src as u32, self.sig.op, false, len, posted.elapsed());
             {
                 let mut w = self.waiting.lock();
                 if let Some(c) = w.get_mut(&from) {
@@ -267,12 +298,50 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     }
 
     /// Runs the body of the operation (which borrows this context) under the
-    /// operation's deadline; pass the result to [`OpCtx::finish`].
+    /// operation's deadline; pass the result to [`OpCtx::finish`]. While it waits
+    /// past the group's stall threshold (and again at twice, four times … that), it
+    /// reports the stall: see [`OpCtx::stall_report`].
     pub async fn deadline<R>(&self, body: impl Future<Output = Result<R>>) -> Result<R> {
-        match tokio::time::timeout_at(self.deadline, body).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.with_waiting(e)),
-            Err(_) => Err(self.timeout_error()),
+        let mut body = std::pin::pin!(body);
+        let mut warn_after = self.g.stall_warn;
+        loop {
+            let warn_at = warn_after.map(|d| self.start + d).filter(|&t| t < self.deadline);
+            match tokio::time::timeout_at(warn_at.unwrap_or(self.deadline), &mut body).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => return Err(self.with_waiting(e)),
+                Err(_) if warn_at.is_some() => {
+                    self.report_stall();
+                    warn_after = warn_after.map(|d| d * 2);
+                }
+                Err(_) => return Err(self.timeout_error()),
+            }
+        }
+    }
+
+    /// What this operation waits for, as the stall report and the timeout error say
+    /// it: the ranks whose part has not arrived, or the transport.
+    pub fn stall_report(&self) -> String {
+        let missing: Vec<String> = self.waiting.lock().keys().map(|r| r.to_string()).collect();
+        if missing.is_empty() {
+            String::from("waiting to hand data to the transport")
+        } else {
+            format!("ranks [{}] have not sent their part", missing.join(", "))
+        }
+    }
+
+    /// Logs the stall as a `tracing` warning (target `hcomm::stall`); to standard
+    /// error when no `tracing` subscriber is installed, so that it is never lost.
+    fn report_stall(&self) {
+        let waited = self.start.elapsed().as_secs_f64();
+        let what = self.stall_report();
+        let rank = self.g.me;
+        if tracing::dispatcher::has_been_set() {
+            tracing::warn!(target: "hcomm::stall", rank, op = %self.sig.op, seq = self.seq, waited_s = waited, "rank {rank}: {} #{} stalled for {waited:.1} s: {what}", self.sig.op, self.seq);
+        } else {
+            eprintln!(
+                "hcomm: rank {rank}: {} #{} ({}) stalled for {waited:.1} s: {what}",
+                self.sig.op, self.seq, self.sig
+            );
         }
     }
 
@@ -290,24 +359,42 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     }
 
     fn timeout_error(&self) -> Error {
-        let missing: Vec<String> = self.waiting.lock().keys().map(|r| r.to_string()).collect();
-        let what = if missing.is_empty() {
-            String::from("waiting to hand data to the transport")
-        } else {
-            format!("ranks [{}] have not sent their part", missing.join(", "))
-        };
-        Error::new(ErrorKind::Timeout, format!("not finished within {:?}: {what}", self.g.timeout))
+        Error::new(ErrorKind::Timeout, format!("not finished within {:?}: {}", self.g.timeout, self.stall_report()))
     }
 
     /// Ends the operation. An error gets this operation's context and aborts the
     /// operation on every other rank (once).
     pub fn finish<R>(self, r: Result<R>) -> Result<R> {
         self.done.store(true, Ordering::Release);
+        self.report_done(r.is_ok());
         r.map_err(|e| {
             let e = e.in_op(self.sig.op, Some(self.seq)).at_rank(self.g.me);
             self.abort_peers(&e);
             e
         })
+    }
+
+    /// Emits the operation's event (see `hcomm_core::events`).
+    fn report_done(&self, ok: bool) {
+        let s = &self.sig;
+        let bytes = match (s.op, s.dtype) {
+            (
+                OpKind::AllGatherV | OpKind::GatherV | OpKind::ScatterV | OpKind::ReduceScatterV | OpKind::AllToAllV,
+                _,
+            )
+            | (_, None) => self.moved.load(Ordering::Relaxed),
+            (_, Some(d)) => s.count * d.size() as u64,
+        };
+        events::op_done(events::OpDone {
+            rank: self.g.world_rank(self.g.me) as u32,
+            op: s.op,
+            seq: self.seq,
+            algo: crate::algo_name(s.op, s.algo),
+            bytes,
+            elapsed: self.start.elapsed(),
+            peer: None,
+            ok,
+        });
     }
 
     fn abort_peers(&self, err: &Error) {
@@ -333,6 +420,7 @@ impl<T: LocalTransport> Drop for OpCtx<'_, T> {
                 .in_op(self.sig.op, Some(self.seq))
                 .at_rank(self.g.me);
             tracing::debug!(seq = self.seq, op = %self.sig.op, "cancelled");
+            self.report_done(false);
             self.abort_peers(&e);
         }
     }

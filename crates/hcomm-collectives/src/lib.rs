@@ -33,6 +33,12 @@ macro_rules! algo_enum {
             }
         }
 
+        impl From<$name> for u8 {
+            fn from(a: $name) -> u8 {
+                a as u8
+            }
+        }
+
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.name())
@@ -67,7 +73,7 @@ pub use exchange::{
     AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo, allgather, allgatherv, bruck_alltoall, pairwise_alltoallv,
     reduce_scatter, reduce_scatter_signature,
 };
-pub use group::{Group, OpCtx};
+pub use group::{DEFAULT_STALL_WARN, Group, OpCtx};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
 pub use scan::scan;
 
@@ -121,6 +127,28 @@ pub fn allgather_signature<E: Element>(count: usize, algo: AllgatherAlgo) -> Sig
         count: count as u64,
         root: None,
         algo: algo as u8,
+    }
+}
+
+/// The name of the algorithm an operation of kind `op` ran, from the code its
+/// signature carries.
+pub fn algo_name(op: OpKind, code: u8) -> &'static str {
+    fn find<A: Copy + Into<u8>>(all: &[A], code: u8, name: fn(A) -> &'static str) -> &'static str {
+        all.iter().find(|a| (**a).into() == code).map_or("unknown", |a| name(*a))
+    }
+    match op {
+        OpKind::AllReduce => find(&AllreduceAlgo::ALL, code, AllreduceAlgo::name),
+        OpKind::Broadcast => find(&BcastAlgo::ALL, code, BcastAlgo::name),
+        OpKind::AllGather | OpKind::AllGatherV => find(&AllgatherAlgo::ALL, code, AllgatherAlgo::name),
+        OpKind::ReduceScatter | OpKind::ReduceScatterV => find(&ReduceScatterAlgo::ALL, code, ReduceScatterAlgo::name),
+        OpKind::AllToAll => find(&AlltoallAlgo::ALL, code, AlltoallAlgo::name),
+        OpKind::AllToAllV => "pairwise",
+        OpKind::Barrier => "dissemination",
+        OpKind::Reduce => "binomial",
+        OpKind::Scan | OpKind::ExScan => "recursive_doubling",
+        OpKind::Gather | OpKind::GatherV | OpKind::Scatter | OpKind::ScatterV => "linear",
+        OpKind::Split => "allgather",
+        _ => "direct",
     }
 }
 

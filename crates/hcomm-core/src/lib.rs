@@ -6,6 +6,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod events;
 pub mod mailbox;
 pub mod op;
 pub mod transport;

@@ -35,6 +35,9 @@ pub struct Config {
     pub timeout: Duration,
     /// Deadline of the whole bootstrap.
     pub connect_timeout: Duration,
+    /// After how long a waiting operation reports what it waits for; `None` for
+    /// never (`HCOMM_STALL_WARN`, seconds, `0` for never).
+    pub stall_warn: Option<Duration>,
     /// Tuning of the TCP transports.
     pub stream: StreamOptions,
     /// Whether rank 0 serves the store (off when the caller runs one).
@@ -69,14 +72,16 @@ impl Config {
             job_id: String::from("default"),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            stall_warn: Some(hcomm_collectives::DEFAULT_STALL_WARN),
             stream: StreamOptions::default(),
             serve_store: true,
             tuning_from_env: false,
         }
     }
 
-    /// From the launcher's environment (see [`crate::env`]), plus `HCOMM_TIMEOUT` and
-    /// `HCOMM_CONNECT_TIMEOUT` (seconds).
+    /// From the launcher's environment (see [`crate::env`]), plus `HCOMM_TIMEOUT`,
+    /// `HCOMM_CONNECT_TIMEOUT` and `HCOMM_STALL_WARN` (seconds; `0` turns stall
+    /// reports off).
     ///
     /// # Errors
     /// A configuration error naming the variable at fault.
@@ -89,6 +94,17 @@ impl Config {
         }
         if let Some(t) = duration_var("HCOMM_CONNECT_TIMEOUT")? {
             c.connect_timeout = t;
+        }
+        if let Ok(v) = std::env::var("HCOMM_STALL_WARN") {
+            c.stall_warn = match v.trim().parse::<f64>() {
+                Ok(0.0) => None,
+                Ok(s) if s > 0.0 && s.is_finite() => Some(Duration::from_secs_f64(s)),
+                _ => {
+                    return Err(Error::config(format!(
+                        "HCOMM_STALL_WARN={v:?} is not a number of seconds (0 turns stall reports off)"
+                    )));
+                }
+            };
         }
         c.tuning_from_env = true;
         // Fail on a bad variable before connecting, not after.
@@ -134,6 +150,7 @@ impl Config {
 
     fn finish(&self, t: StreamTransport, hosts: &[String], keep: Keep) -> Result<Communicator<StreamTransport>> {
         let mut group = Group::world(Arc::new(t), 0, Topology::from_hosts(hosts), self.timeout)?;
+        group.set_stall_warn(self.stall_warn);
         if self.tuning_from_env {
             group.set_tuning(Tuning::for_transport(group.transport().name()).with_env(|k| std::env::var(k).ok())?);
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hcomm_collectives as coll;
 use hcomm_collectives::Group;
+use hcomm_core::events;
 use hcomm_core::{
     Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag,
 };
@@ -75,6 +76,19 @@ impl<T: LocalTransport> Communicator<T> {
     /// Sets the deadline of operations called from now on.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.group.set_timeout(timeout);
+    }
+
+    /// After how long an operation that waits reports which operation it is and
+    /// which ranks have not sent their part (a `tracing` warning with target
+    /// `hcomm::stall`, or a line on standard error when no subscriber is installed);
+    /// again at twice, four times … that. `None` for never.
+    pub fn stall_warn(&self) -> Option<Duration> {
+        self.group.stall_warn()
+    }
+
+    /// Sets the stall threshold of operations called from now on.
+    pub fn set_stall_warn(&mut self, after: Option<Duration>) {
+        self.group.set_stall_warn(after);
     }
 
     /// Number of collectives called so far.
@@ -370,26 +384,40 @@ impl<T: LocalTransport> Communicator<T> {
         sig: Signature,
         payload: Bytes,
     ) -> impl Future<Output = Result<()>> + '_ {
+        let start = std::time::Instant::now();
+        let len = payload.len() as u64;
+        let me = self.group.world_rank(self.rank());
         let queued = self.check_peer(dst, OpKind::Send).map(|world| {
-            let me = self.group.world_rank(self.rank());
+            events::message(me as u32, world as u32, OpKind::Send, true, len, Duration::ZERO);
             let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, payload.len());
-            self.group.transport().send(world, h, payload)
+            (world, self.group.transport().send(world, h, payload))
         });
         async move {
-            match queued {
-                Err(e) => Err(e),
-                Ok(fut) => self.group.p2p_deadline(OpKind::Send, dst, fut).await,
-            }
+            let (world, fut) = queued?;
+            let r = self.group.p2p_deadline(OpKind::Send, dst, fut).await;
+            p2p_done(me, OpKind::Send, world, len, start, r.is_ok());
+            r
         }
     }
 
     fn post_recv(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Frame>> + '_ {
+        let start = std::time::Instant::now();
         let posted = self.check_peer(src, OpKind::Recv).map(|world| {
-            self.group.transport().mailbox().recv(MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag })
+            (
+                world,
+                self.group.transport().mailbox().recv(MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag }),
+            )
         });
         async move {
-            let fut = posted?;
-            let frame = self.group.p2p_deadline(OpKind::Recv, src, fut).await?;
+            let (world, fut) = posted?;
+            let me = self.group.world_rank(self.rank());
+            let r = self.group.p2p_deadline(OpKind::Recv, src, fut).await;
+            let len = r.as_ref().map_or(0, |f| f.payload.len() as u64);
+            if r.is_ok() {
+                events::message(me as u32, world as u32, OpKind::Recv, false, len, start.elapsed());
+            }
+            p2p_done(me, OpKind::Recv, world, len, start, r.is_ok());
+            let frame = r?;
             let dtype = frame.header.dtype;
             if frame.header.op != OpKind::Send || dtype.is_none() {
                 return Err(self.recv_error(
@@ -907,6 +935,16 @@ impl<T: LocalTransport> Communicator<T> {
     }
 }
 
+impl<T: LocalTransport> Drop for Communicator<T> {
+    /// A world communicator hands its rank's statistics (`HCOMM_STATS`) to their
+    /// file or to standard error.
+    fn drop(&mut self) {
+        if self.group.comm_id() == 0 {
+            crate::stats::flush(self.group.world_rank(self.group.rank()) as u32);
+        }
+    }
+}
+
 /// A collective numbered at its call but not started yet. Dropped unstarted, it
 /// starts and drops the operation, which tells the peers it was cancelled.
 struct Reserved<T: LocalTransport> {
@@ -921,6 +959,20 @@ impl<T: LocalTransport> Drop for Reserved<T> {
             drop(self.comm.group.begin_reserved(self.seq, sig));
         }
     }
+}
+
+/// Emits the event of a finished point-to-point operation.
+fn p2p_done(me: usize, op: OpKind, peer: usize, bytes: u64, start: std::time::Instant, ok: bool) {
+    events::op_done(events::OpDone {
+        rank: me as u32,
+        op,
+        seq: 0,
+        algo: "direct",
+        bytes,
+        elapsed: start.elapsed(),
+        peer: Some(peer as u32),
+        ok,
+    });
 }
 
 /// Mean bytes per rank of a counts vector of `E`.

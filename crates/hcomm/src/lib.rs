@@ -44,7 +44,9 @@ mod bootstrap;
 mod comm;
 pub mod env;
 pub mod launch;
+pub mod stats;
 pub mod store;
+mod tune;
 
 pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use comm::{Communicator, RESERVED_TAGS};
@@ -56,13 +58,16 @@ pub use hcomm_core::{
 };
 pub use hcomm_topology::Topology;
 pub use hcomm_transport::{HAS_URING, MemTransport, StreamOptions, StreamTransport};
+pub use tune::{TuneOptions, round_order, tune_sizes};
 
 use std::sync::Arc;
 
 use hcomm_collectives::Group;
 
 /// Connects this process to its job, from the launcher's environment (see [`env`]),
-/// over TCP with tokio sockets. Must run inside a tokio runtime.
+/// over TCP with tokio sockets. Must run inside a tokio runtime. With `HCOMM_TUNE`
+/// set (`1`, or the largest size to measure such as `4M`), it then runs
+/// [`Communicator::tune`] so that algorithm selection follows measurements.
 ///
 /// # Errors
 /// A configuration error for a wrong or missing environment, a bootstrap error naming
@@ -71,12 +76,21 @@ use hcomm_collectives::Group;
 /// # Cancel safety
 /// Dropping the future abandons the bootstrap; the job cannot start without this rank.
 pub async fn init() -> Result<Communicator> {
-    Config::from_env()?.connect().await
+    stats::install_from_env()?;
+    let tune = tune::options_from_env(|k| std::env::var(k).ok())?;
+    let mut comm = Config::from_env()?.connect().await?;
+    if let Some(opts) = tune {
+        comm.tune(&opts).await?;
+    }
+    Ok(comm)
 }
 
 /// `n` communicators of one job in this process over the in-process transport: rank
 /// `i` is element `i`. Drive them from tasks or join their futures.
 pub fn local(n: usize) -> Vec<Communicator<MemTransport>> {
+    if let Err(e) = stats::install_from_env() {
+        eprintln!("hcomm: statistics off: {e}");
+    }
     let keep = Arc::new(comm::Keep::default());
     MemTransport::group(n)
         .into_iter()
@@ -94,6 +108,7 @@ pub fn local(n: usize) -> Vec<Communicator<MemTransport>> {
 /// # Errors
 /// As [`Config::connect`].
 pub async fn local_tcp(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
+    stats::install_from_env()?;
     let (store, configs) = bootstrap::local_configs(n).await?;
     let comms = futures::future::try_join_all(configs.into_iter().map(Config::connect)).await?;
     Ok(bootstrap::attach_store(comms, store))
@@ -106,6 +121,7 @@ pub async fn local_tcp(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
 /// As [`Config::connect`].
 #[cfg(all(feature = "uring", target_os = "linux"))]
 pub async fn local_uring(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
+    stats::install_from_env()?;
     let (store, configs) = bootstrap::local_configs(n).await?;
     let comms = futures::future::try_join_all(configs.into_iter().map(Config::connect_uring)).await?;
     Ok(bootstrap::attach_store(comms, store))

@@ -131,3 +131,51 @@ async fn calibration_agrees_on_every_rank_and_allreduce_still_works() {
         check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, count as u64).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tuning_table_agrees_on_every_rank_and_collectives_still_work() {
+    let mut comms = hcomm::local_tcp(3).await.unwrap();
+    let opts = hcomm::TuneOptions { max_bytes: 64 << 10, reps: 2, passes: 2, step: 4 };
+    let tables = join_all(comms.iter_mut().map(|c| c.tune(&opts))).await;
+    let tables: Vec<hcomm::Measured> = tables.into_iter().map(|m| m.unwrap()).collect();
+    assert!(tables.iter().all(|m| *m == tables[0]), "{tables:?}");
+    let m = &tables[0];
+    assert_eq!(m.ranks, 3);
+    let sizes = hcomm::tune_sizes(64 << 10, 4);
+    assert_eq!(m.allreduce.iter().map(|e| e.0).collect::<Vec<_>>(), sizes);
+    assert_eq!(m.broadcast.len(), sizes.len());
+    let block_sizes = hcomm::tune_sizes((64 << 10) / 3, 4);
+    for len in [m.allgather.len(), m.reduce_scatter.len(), m.alltoall.len()] {
+        assert_eq!(len, block_sizes.len());
+    }
+    for c in &comms {
+        assert_eq!(&c.tuning().measured, m);
+    }
+    for count in [1, 1000, 200_003] {
+        check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, count as u64).await;
+        common::colls::reduce_scatter::<_, f32>(
+            &comms,
+            count / 3,
+            ReduceOp::Sum,
+            comms[0].tuning().reduce_scatter_algo(3, count / 3 * 4, None),
+            5,
+        )
+        .await;
+    }
+}
+
+#[test]
+fn round_order_is_a_permutation_that_varies() {
+    let orders: Vec<Vec<usize>> = (0..20).map(|r| hcomm::round_order(5, r)).collect();
+    for o in &orders {
+        let mut s = o.clone();
+        s.sort();
+        assert_eq!(s, vec![0, 1, 2, 3, 4]);
+    }
+    // Every contender is preceded by more than one other over the rounds.
+    for k in 0..5 {
+        let before: std::collections::HashSet<usize> =
+            orders.iter().filter_map(|o| o.iter().position(|&x| x == k).filter(|&p| p > 0).map(|p| o[p - 1])).collect();
+        assert!(before.len() > 1, "{k} always follows {before:?}");
+    }
+}

@@ -1,4 +1,5 @@
-//! The `hcomm` command: `hcomm run -n N [--] PROGRAM [ARGS...]` starts N local ranks.
+//! The `hcomm` command: `hcomm run -n N [--] PROGRAM [ARGS...]` starts N local ranks;
+//! `hcomm stats FILES...` merges per-rank statistics files (`HCOMM_STATS_FILE`).
 
 use std::ffi::OsString;
 
@@ -26,11 +27,37 @@ enum Cmd {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
     },
+    /// Merge per-rank statistics files (written with HCOMM_STATS=1 and
+    /// HCOMM_STATS_FILE) into one report: per operation the slowest rank, the
+    /// busiest links and the longest waits.
+    Stats {
+        /// The files, one per rank.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// Also print each rank's own summary.
+        #[arg(long)]
+        per_rank: bool,
+    },
 }
 
 fn main() {
     let cli = Cli::parse();
-    let Cmd::Run { ranks, no_prefix, mut command } = cli.cmd;
+    let (ranks, no_prefix, mut command) = match cli.cmd {
+        Cmd::Run { ranks, no_prefix, command } => (ranks, no_prefix, command),
+        Cmd::Stats { files, per_rank } => match hcomm::stats::read_files(&files) {
+            Ok(ranks) => {
+                if per_rank {
+                    ranks.iter().for_each(|r| print!("{}", hcomm::stats::summary(r)));
+                }
+                print!("{}", hcomm::stats::merge_report(&ranks));
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("hcomm stats: {e}");
+                std::process::exit(1);
+            }
+        },
+    };
     let program = command.remove(0);
     let launch =
         hcomm::launch::Launch { ranks: ranks as usize, program, args: command, prefix: !no_prefix, env: Vec::new() };

@@ -1,0 +1,65 @@
+//! The `tracing` events every operation and message emits: one schema that every
+//! sink reads (`HCOMM_STATS` builds its statistics from them; a log subscriber
+//! prints them). With no subscriber interested, an event costs a relaxed atomic load.
+//!
+//! - target [`OP_TARGET`], level DEBUG, one per finished operation: `rank` (world
+//!   rank), `op` (kind name), `seq` (collective sequence number, 0 for point to
+//!   point), `algo`, `bytes` (the call's size: elements × element size; for the
+//!   v-variants and point to point, the bytes this rank sent and received),
+//!   `elapsed_ns`, `peer` (point to point, else -1), `ok`.
+//! - target [`MSG_TARGET`], level TRACE, one per message an operation sends or
+//!   receives: `rank`, `peer` (world ranks), `op`, `send` (true for sent, false for
+//!   received), `bytes`, `wait_ns` (for a receive, from posting it to the data's
+//!   arrival; 0 for a send).
+
+use std::time::Duration;
+
+use crate::OpKind;
+
+/// Target of the per-operation events.
+pub const OP_TARGET: &str = "hcomm::op";
+/// Target of the per-message events.
+pub const MSG_TARGET: &str = "hcomm::msg";
+
+/// What one finished operation reports.
+#[derive(Debug, Clone, Copy)]
+pub struct OpDone<'a> {
+    pub rank: u32,
+    pub op: OpKind,
+    pub seq: u64,
+    pub algo: &'a str,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    pub peer: Option<u32>,
+    pub ok: bool,
+}
+
+/// Emits the event of a finished operation.
+#[inline]
+pub fn op_done(d: OpDone<'_>) {
+    tracing::debug!(
+        target: OP_TARGET,
+        rank = d.rank,
+        op = d.op.name(),
+        seq = d.seq,
+        algo = d.algo,
+        bytes = d.bytes,
+        elapsed_ns = d.elapsed.as_nanos() as u64,
+        peer = d.peer.map_or(-1, i64::from),
+        ok = d.ok,
+    );
+}
+
+/// Emits the event of one message sent (`send`) or received.
+#[inline]
+pub fn message(rank: u32, peer: u32, op: OpKind, send: bool, bytes: u64, wait: Duration) {
+    tracing::trace!(
+        target: MSG_TARGET,
+        rank,
+        peer,
+        op = op.name(),
+        send,
+        bytes,
+        wait_ns = wait.as_nanos() as u64
+    );
+}

@@ -1,0 +1,89 @@
+//! The stall report: when a rank withholds its part of a collective, the ranks
+//! waiting for it say which operation they wait on and name the rank.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use hcomm::{AllreduceAlgo, ReduceOp};
+
+/// A `tracing` writer into shared memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_withheld_part_is_named_by_the_ranks_waiting_for_it() {
+    let out = Captured::default();
+    let w = out.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(move || w.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(sub);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut comms = hcomm::local(4);
+        for c in &mut comms {
+            c.set_stall_warn(Some(Duration::from_millis(100)));
+        }
+        // Recursive doubling on 4 ranks: rank 2 meets rank 3 in the first step,
+        // rank 1 in the second; rank 0 meets rank 2, which waits for rank 3.
+        let res = join_all(comms.iter().enumerate().map(|(r, c)| async move {
+            let mut v = vec![r as f32; 1000];
+            if r == 3 {
+                tokio::time::sleep(Duration::from_millis(450)).await;
+            }
+            c.all_reduce_with(&mut v, ReduceOp::Sum, AllreduceAlgo::RecursiveDoubling).await.map(|()| v)
+        }))
+        .await;
+        for r in res {
+            assert_eq!(r.unwrap(), vec![6.0; 1000]);
+        }
+    });
+    let log = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    for line in ["rank 1: allreduce #1 stalled", "rank 2: allreduce #1 stalled"] {
+        let hit = log.lines().find(|l| l.contains(line)).unwrap_or_else(|| panic!("no {line:?} in:\n{log}"));
+        assert!(hit.contains("ranks [3] have not sent their part"), "{hit}");
+    }
+    let zero = log.lines().find(|l| l.contains("rank 0: allreduce #1 stalled")).expect("rank 0 reports");
+    assert!(zero.contains("ranks [2] have not sent their part"), "{zero}");
+    assert!(!log.contains("rank 3:"), "rank 3 never waited:\n{log}");
+    // Reported at 100, 200 and 400 ms, not more often.
+    let reports = log.lines().filter(|l| l.contains("rank 2: allreduce #1 stalled")).count();
+    assert_eq!(reports, 3, "{log}");
+}
+
+#[test]
+fn no_report_below_the_threshold_or_when_turned_off() {
+    let out = Captured::default();
+    let w = out.clone();
+    let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
+    let _guard = tracing::subscriber::set_default(sub);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut comms = hcomm::local(2);
+        comms[0].set_stall_warn(None);
+        comms[1].set_stall_warn(Some(Duration::from_secs(5)));
+        let res = join_all(comms.iter().enumerate().map(|(r, c)| async move {
+            tokio::time::sleep(Duration::from_millis(if r == 0 { 0 } else { 200 })).await;
+            c.barrier().await
+        }))
+        .await;
+        res.into_iter().for_each(|r| r.unwrap());
+    });
+    let log = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    assert!(!log.contains("stalled"), "{log}");
+}

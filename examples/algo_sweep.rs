@@ -1,0 +1,277 @@
+//! Every algorithm of a collective, forced, beside the automatic choice, over a range
+//! of sizes, in one run: how close the selection comes to the best.
+//!
+//! ```text
+//! cargo run --release --example algo_sweep -- [--ranks 4] [--op all] [--max-bytes 16M]
+//!     [--transport tcp|mem] [--calibrate | --tune] [--step 2] [--runs 3]
+//! ```
+//!
+//! Ranks are processes over TCP (started by the example itself, or by a launcher), or
+//! tasks of one process (`--transport mem`). The selection is the cost model with the
+//! transport's defaults, or measured parameters (`--calibrate`,
+//! `Communicator::calibrate`), or the table `Communicator::tune` measures first
+//! (`--tune`; it measures at 8 B × 2^k by default, `--tune-step 4` for 8 B × 4^k so
+//! that with `--step 2` half of the swept sizes fall between its points). Each cell is the median over repeated runs, each after
+//! a barrier, of the slowest rank's time; the columns run in a shuffled order in each round.
+//! f32 data, sum.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use common::{fail, launch_self, parse_size, rank_runtime};
+use hcomm::{
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Communicator, LocalTransport, ReduceOp, ReduceScatterAlgo,
+    TuneOptions,
+};
+
+mod common;
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Collective algorithms against the automatic choice")]
+struct Args {
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
+    /// allreduce, broadcast, allgather, reduce_scatter, alltoall, or all.
+    #[arg(long, default_value = "all")]
+    op: String,
+    /// Largest size (bytes): the whole buffer for allreduce and broadcast, all blocks
+    /// together for the others.
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Factor between consecutive sizes (from 8 bytes).
+    #[arg(long, default_value_t = 4)]
+    step: usize,
+    /// tcp (processes) or mem (tasks).
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// Measure the cost model's parameters first.
+    #[arg(long, conflicts_with = "tune")]
+    calibrate: bool,
+    /// Measure the selection table first (`Communicator::tune`).
+    #[arg(long)]
+    tune: bool,
+    /// Factor between the sizes `--tune` measures.
+    #[arg(long, default_value_t = 2)]
+    tune_step: usize,
+    /// Whole sweeps to run; each cell reports the median of the runs.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    Allreduce,
+    Broadcast,
+    Allgather,
+    ReduceScatter,
+    Alltoall,
+}
+
+const OPS: [(Op, &str); 5] = [
+    (Op::Allreduce, "allreduce"),
+    (Op::Broadcast, "broadcast"),
+    (Op::Allgather, "allgather"),
+    (Op::ReduceScatter, "reduce_scatter"),
+    (Op::Alltoall, "alltoall"),
+];
+
+impl Op {
+    fn algos(self) -> Vec<&'static str> {
+        match self {
+            Op::Allreduce => AllreduceAlgo::SELECTABLE.iter().map(|a| a.name()).collect(),
+            Op::Broadcast => BcastAlgo::ALL.iter().map(|a| a.name()).collect(),
+            Op::Allgather => AllgatherAlgo::ALL.iter().map(|a| a.name()).collect(),
+            Op::ReduceScatter => ReduceScatterAlgo::ALL.iter().map(|a| a.name()).collect(),
+            Op::Alltoall => AlltoallAlgo::ALL.iter().map(|a| a.name()).collect(),
+        }
+    }
+
+    /// Whether `bytes` is per rank's block (else the whole buffer).
+    fn per_block(self) -> bool {
+        matches!(self, Op::Allgather | Op::ReduceScatter | Op::Alltoall)
+    }
+
+    /// The automatic choice's name for `bytes` (as the selection sees them).
+    fn pick<T: LocalTransport>(self, comm: &Communicator<T>, bytes: usize) -> &'static str {
+        let (t, n) = (comm.tuning(), comm.size());
+        match self {
+            Op::Allreduce => t.allreduce_algo(n, bytes, true, None).name(),
+            Op::Broadcast => t.bcast_algo(n, bytes, None).name(),
+            Op::Allgather => t.allgather_algo(n, bytes, None).name(),
+            Op::ReduceScatter => t.reduce_scatter_algo(n, bytes, None).name(),
+            Op::Alltoall => t.alltoall_algo(n, bytes, None).name(),
+        }
+    }
+
+    /// Runs the collective once on `c` elements (per block where [`Op::per_block`]):
+    /// algorithm `k` of [`Op::algos`], or the automatic choice for `None`.
+    async fn run<T: LocalTransport>(
+        self,
+        comm: &Communicator<T>,
+        k: Option<usize>,
+        bufs: &mut Bufs,
+    ) -> hcomm::Result<()> {
+        let Bufs { one, all, out } = bufs;
+        match (self, k) {
+            (Op::Allreduce, Some(k)) => comm.all_reduce_with(one, ReduceOp::Sum, AllreduceAlgo::SELECTABLE[k]).await,
+            (Op::Allreduce, None) => comm.all_reduce(one, ReduceOp::Sum).await,
+            (Op::Broadcast, Some(k)) => comm.broadcast_with(one, 0, BcastAlgo::ALL[k]).await,
+            (Op::Broadcast, None) => comm.broadcast(one, 0).await,
+            (Op::Allgather, Some(k)) => comm.all_gather_with(one, all, AllgatherAlgo::ALL[k]).await,
+            (Op::Allgather, None) => comm.all_gather(one, all).await,
+            (Op::ReduceScatter, Some(k)) => {
+                comm.reduce_scatter_with(all, one, ReduceOp::Sum, ReduceScatterAlgo::ALL[k]).await
+            }
+            (Op::ReduceScatter, None) => comm.reduce_scatter(all, one, ReduceOp::Sum).await,
+            (Op::Alltoall, Some(k)) => comm.all_to_all_with(all, out, AlltoallAlgo::ALL[k]).await,
+            (Op::Alltoall, None) => comm.all_to_all(all, out).await,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Bufs {
+    one: Vec<f32>,
+    all: Vec<f32>,
+    out: Vec<f32>,
+}
+
+fn sizes(a: &Args, op: Op, n: usize) -> Vec<usize> {
+    let max = if op.per_block() { a.max_bytes / n } else { a.max_bytes };
+    let step = a.step.max(2);
+    std::iter::successors(Some(8usize), |s| (s * step <= max).then_some(s * step)).collect()
+}
+
+/// One row: the slowest rank's median time per column (forced algorithms, then auto).
+async fn row<T: LocalTransport>(comm: &Communicator<T>, op: Op, bytes: usize) -> Result<Vec<f64>, String> {
+    let n = comm.size();
+    let c = (bytes / 4).max(1);
+    let mut bufs = Bufs { one: vec![1.0; c], all: vec![1.0; n * c], out: vec![0.0; n * c] };
+    let cols = op.algos().len() + 1;
+    let moved = if op.per_block() { bytes * n } else { bytes };
+    let iters = ((8 << 20) / moved.max(1) + 1).clamp(15, 100);
+    let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(iters); cols];
+    for round in 0..=iters {
+        for j in hcomm::round_order(cols, round + 7919) {
+            comm.barrier().await.map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            op.run(comm, (j + 1 < cols).then_some(j), &mut bufs).await.map_err(|e| e.to_string())?;
+            if round > 0 {
+                times[j].push(t.elapsed());
+            }
+        }
+    }
+    let mut med: Vec<f64> = times
+        .into_iter()
+        .map(|mut t| {
+            t.sort();
+            t[t.len() / 2].as_secs_f64() * 1e3
+        })
+        .collect();
+    comm.all_reduce_with(&mut med, ReduceOp::Max, AllreduceAlgo::RecursiveDoubling).await.map_err(|e| e.to_string())?;
+    Ok(med)
+}
+
+async fn sweep<T: LocalTransport>(comm: &Communicator<T>, a: &Args, how: &str) -> Result<(), String> {
+    let ops: Vec<Op> = OPS.iter().filter(|(_, name)| a.op == "all" || a.op == *name).map(|(op, _)| *op).collect();
+    // rows[op][size][run][column]: whole sweeps repeat, so that each cell's runs are
+    // minutes apart and the machine's slow phases do not fall on one cell alone.
+    let mut rows: Vec<Vec<Vec<Vec<f64>>>> =
+        ops.iter().map(|&op| vec![Vec::new(); sizes(a, op, comm.size()).len()]).collect();
+    for _ in 0..a.runs.max(1) {
+        for (o, &op) in ops.iter().enumerate() {
+            for (i, bytes) in sizes(a, op, comm.size()).into_iter().enumerate() {
+                rows[o][i].push(row(comm, op, bytes).await?);
+            }
+        }
+    }
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    for (o, &op) in ops.iter().enumerate() {
+        let name = OPS.iter().find(|(x, _)| *x == op).expect("listed").1;
+        let algos = op.algos();
+        let what = if op.per_block() { "bytes per block" } else { "bytes" };
+        println!(
+            "\n{name} sweep: {} ranks ({how}), transport {}, f32 sum, median of {} runs of the slowest rank's median (ms)\n",
+            comm.size(),
+            comm.transport_name(),
+            a.runs.max(1)
+        );
+        println!("| {what} | {} | auto | auto picks | auto / best | pick / best |", algos.join(" | "));
+        println!("|---|{}---|---|---|---|", "---|".repeat(algos.len()));
+        for (bytes, runs) in sizes(a, op, comm.size()).into_iter().zip(&rows[o]) {
+            let ms: Vec<f64> = (0..=algos.len())
+                .map(|c| {
+                    let mut v: Vec<f64> = runs.iter().map(|r| r[c]).collect();
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                })
+                .collect();
+            let k = algos.len();
+            let best = ms[..k].iter().copied().fold(f64::INFINITY, f64::min);
+            let pick = op.pick(comm, bytes / 4 * 4);
+            let pick_ms = ms[algos.iter().position(|a| *a == pick).expect("the pick is one of the algorithms")];
+            let cells: Vec<String> = ms[..k].iter().map(|t| format!("{t:.3}")).collect();
+            println!(
+                "| {bytes} | {} | {:.3} | {pick} | {:.2} | {:.2} |",
+                cells.join(" | "),
+                ms[k],
+                ms[k] / best,
+                pick_ms / best
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn prepare<T: LocalTransport>(comm: &mut Communicator<T>, a: &Args) -> Result<String, String> {
+    if a.calibrate {
+        let c = comm.calibrate().await.map_err(|e| e.to_string())?;
+        return Ok(format!(
+            "calibrated: alpha {:.1} us, link {:.2} GB/s, reduction {:.2} GB/s",
+            c.alpha * 1e6,
+            1e-9 / c.beta,
+            1e-9 / c.gamma
+        ));
+    }
+    if a.tune {
+        let t = Instant::now();
+        let m = comm
+            .tune(&TuneOptions { max_bytes: a.max_bytes, step: a.tune_step, ..TuneOptions::default() })
+            .await
+            .map_err(|e| e.to_string())?;
+        if comm.rank() == 0 && std::env::var_os("SWEEP_SHOW_TABLE").is_some() {
+            println!("{m:?}");
+        }
+        return Ok(format!("tuned in {:.1} s", t.elapsed().as_secs_f64()));
+    }
+    Ok("cost model defaults".into())
+}
+
+fn main() {
+    let a = Args::parse();
+    if a.ranks == 0 {
+        fail("--ranks must be at least 1");
+    }
+    if a.op != "all" && !OPS.iter().any(|(_, n)| *n == a.op) {
+        fail(format!("unknown --op {:?}", a.op));
+    }
+    match (a.transport.as_str(), hcomm::env::LaunchEnv::launched()) {
+        ("mem", _) => rank_runtime().block_on(async {
+            let mut comms = hcomm::local(a.ranks);
+            let how = futures::future::join_all(comms.iter_mut().map(|c| prepare(c, &a))).await;
+            let how = format!("tasks in one process; {}", how[0].clone().unwrap_or_else(|e| fail(e)));
+            for r in futures::future::join_all(comms.iter().map(|c| sweep(c, &a, &how))).await {
+                r.unwrap_or_else(|e| fail(e));
+            }
+        }),
+        ("tcp", true) => rank_runtime().block_on(async {
+            let mut comm = hcomm::init().await.unwrap_or_else(|e| fail(e));
+            let how = prepare(&mut comm, &a).await.unwrap_or_else(|e| fail(e));
+            sweep(&comm, &a, &format!("processes; {how}")).await.unwrap_or_else(|e| fail(e));
+        }),
+        ("tcp", false) => launch_self(a.ranks),
+        (other, _) => fail(format!("unknown transport {other:?} (tcp, mem)")),
+    }
+}
