@@ -22,10 +22,11 @@ pub struct TuneOptions {
     /// is this divided by the rank count).
     pub max_bytes: usize,
     /// Timed runs of each algorithm at a size where one run moves 8 MiB or more; more
-    /// at smaller sizes (up to 4 times this), as their times are noisier.
+    /// at smaller sizes (up to 8 times this), as their times are noisier.
     pub reps: usize,
-    /// Passes over all sizes; an algorithm's time at a size is its best pass's, so
-    /// that a slow phase of a shared machine during one pass does not decide.
+    /// Passes over all sizes, minutes apart on a large sweep; an algorithm's time at
+    /// a size is the mean of its passes' medians, so that a slow phase of a shared
+    /// machine during one pass does not decide alone.
     pub passes: usize,
     /// Factor between measured sizes (2 or more); sizes between take the choice of
     /// the nearest on a log scale.
@@ -106,13 +107,13 @@ impl<T: LocalTransport> Communicator<T> {
         let n = self.size();
         let (whole, block) =
             (tune_sizes(opts.max_bytes, opts.step), tune_sizes((opts.max_bytes / n).max(8), opts.step));
-        let reps = |bytes: usize| ((8 << 20) / bytes.max(1)).clamp(opts.reps.max(1), 4 * opts.reps.max(1));
-        let inf = |k: usize, sizes: &[usize]| vec![vec![f64::INFINITY; k]; sizes.len()];
-        let (mut ar, mut bc) = (inf(AllreduceAlgo::SELECTABLE.len(), &whole), inf(BcastAlgo::ALL.len(), &whole));
+        let reps = |bytes: usize| ((8 << 20) / bytes.max(1)).clamp(opts.reps.max(1), 8 * opts.reps.max(1));
+        let zero = |k: usize, sizes: &[usize]| vec![vec![0.0; k]; sizes.len()];
+        let (mut ar, mut bc) = (zero(AllreduceAlgo::SELECTABLE.len(), &whole), zero(BcastAlgo::ALL.len(), &whole));
         let (mut ag, mut rs, mut aa) = (
-            inf(AllgatherAlgo::ALL.len(), &block),
-            inf(ReduceScatterAlgo::ALL.len(), &block),
-            inf(AlltoallAlgo::ALL.len(), &block),
+            zero(AllgatherAlgo::ALL.len(), &block),
+            zero(ReduceScatterAlgo::ALL.len(), &block),
+            zero(AlltoallAlgo::ALL.len(), &block),
         );
         // Warm the links first: TCP grows its windows and buffers over a connection's
         // first large transfers, and timings taken before would not hold after.
@@ -133,24 +134,24 @@ impl<T: LocalTransport> Communicator<T> {
                 let t = self.medians(&AllreduceAlgo::SELECTABLE, reps(bytes), async |a| {
                     self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await
                 });
-                keep_min(&mut ar[i], &t.await?);
+                add_pass(&mut ar[i], &t.await?);
                 let t = self.medians(&BcastAlgo::ALL, reps(bytes), async |a| self.broadcast_with(&mut buf, 0, a).await);
-                keep_min(&mut bc[i], &t.await?);
+                add_pass(&mut bc[i], &t.await?);
             }
             for (i, &bytes) in block.iter().enumerate() {
                 let c = (bytes / 4).max(1);
                 let (mine, mut all) = (vec![1.0f32; c], vec![0.0f32; n * c]);
                 let r = reps(bytes * n);
                 let t = self.medians(&AllgatherAlgo::ALL, r, async |a| self.all_gather_with(&mine, &mut all, a).await);
-                keep_min(&mut ag[i], &t.await?);
+                add_pass(&mut ag[i], &t.await?);
                 let mut out = vec![0.0f32; c];
                 let t = self.medians(&ReduceScatterAlgo::ALL, r, async |a| {
                     self.reduce_scatter_with(&all, &mut out, ReduceOp::Sum, a).await
                 });
-                keep_min(&mut rs[i], &t.await?);
+                add_pass(&mut rs[i], &t.await?);
                 let mut got = vec![0.0f32; n * c];
                 let t = self.medians(&AlltoallAlgo::ALL, r, async |a| self.all_to_all_with(&all, &mut got, a).await);
-                keep_min(&mut aa[i], &t.await?);
+                add_pass(&mut aa[i], &t.await?);
             }
         }
         let m = Measured {
@@ -200,11 +201,11 @@ impl<T: LocalTransport> Communicator<T> {
     }
 }
 
-/// Folds one pass's times into the best seen: a slow phase of the machine during one
-/// pass does not decide.
-fn keep_min(best: &mut [f64], pass: &[f64]) {
-    for (b, p) in best.iter_mut().zip(pass) {
-        *b = b.min(*p);
+/// Adds one pass's times to the sums (the choice compares times relative to the
+/// best at each size, so sums rank alike with means).
+fn add_pass(sum: &mut [f64], pass: &[f64]) {
+    for (s, p) in sum.iter_mut().zip(pass) {
+        *s += *p;
     }
 }
 
