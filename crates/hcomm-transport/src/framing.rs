@@ -21,7 +21,7 @@ const MAX_ACTIVE: usize = 8;
 /// How far into the pending queue `activate` looks for a message to start.
 const SCAN_LIMIT: usize = 64;
 /// How many partially received messages a peer may have open at once.
-const MAX_PARTIAL: usize = 1024;
+pub(crate) const MAX_PARTIAL: usize = 1024;
 /// A reassembly buffer is preallocated up to this size and grows past it only as
 /// bytes arrive, so that a header cannot make us allocate without bound.
 const MAX_PREALLOC: u64 = 64 << 20;
@@ -203,6 +203,16 @@ impl Assembler {
         self.buf = buf;
     }
 
+    /// Bytes received and not yet parsed.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Messages begun and not yet complete.
+    pub fn open_messages(&self) -> usize {
+        self.partial.len()
+    }
+
     /// The next complete message in the bytes received so far.
     ///
     /// # Errors
@@ -276,9 +286,8 @@ mod tests {
         Outgoing { header: h, payload: Bytes::from(vec![fill; len]), done: None }
     }
 
-    /// Runs messages through a queue and an assembler, returning (tag, payload) in
-    /// delivery order.
-    fn pump(msgs: Vec<Outgoing>, fragment: usize, read_size: usize) -> Vec<(u32, Vec<u8>)> {
+    /// The bytes a queue writes for `msgs`.
+    fn encode(msgs: Vec<Outgoing>, fragment: usize) -> Vec<u8> {
         let mut q = WriteQueue::new(fragment);
         msgs.into_iter().for_each(|m| q.push(m));
         let mut wire = Vec::new();
@@ -292,6 +301,13 @@ mod tests {
             }
             q.written();
         }
+        wire
+    }
+
+    /// Runs messages through a queue and an assembler, returning (tag, payload) in
+    /// delivery order.
+    fn pump(msgs: Vec<Outgoing>, fragment: usize, read_size: usize) -> Vec<(u32, Vec<u8>)> {
+        let wire = encode(msgs, fragment);
         let mut a = Assembler::new(1);
         let mut out = Vec::new();
         for piece in wire.chunks(read_size.max(1)) {
@@ -352,6 +368,41 @@ mod tests {
             let mut a = Assembler::new(0);
             a.read_buf().extend_from_slice(&bytes);
             while let Ok(Some(_)) = a.next_frame() {}
+        }
+
+        /// A valid stream of interleaved fragments, then mutated: bytes flipped, a
+        /// stretch cut out, a stretch repeated. The parser returns the messages before
+        /// the damage and then either more whole messages or a protocol error; it never
+        /// panics, never returns a message of the wrong length, and stays bounded.
+        #[test]
+        fn mutated_frames_are_refused_or_whole(
+            lens in proptest::collection::vec(0usize..3000, 1..6),
+            fragment in 1usize..700,
+            flips in proptest::collection::vec((any::<proptest::sample::Index>(), 1u8..=255), 0..4),
+            cut in proptest::option::of((any::<proptest::sample::Index>(), 1usize..200)),
+            repeat in proptest::option::of((any::<proptest::sample::Index>(), 1usize..200)),
+            reads in proptest::collection::vec(1usize..500, 0..8),
+        ) {
+            let msgs = lens.iter().enumerate().map(|(i, &l)| msg(i as u32, l, i as u8)).collect();
+            let mut wire = encode(msgs, fragment);
+            for (at, x) in &flips {
+                let i = at.index(wire.len());
+                wire[i] ^= x;
+            }
+            if let Some((at, n)) = cut {
+                let i = at.index(wire.len());
+                wire.drain(i..(i + n).min(wire.len()));
+            }
+            if let (Some((at, n)), false) = (repeat, wire.is_empty()) {
+                let i = at.index(wire.len());
+                let piece: Vec<u8> = wire[i..(i + n).min(wire.len())].to_vec();
+                wire.splice(i..i, piece);
+            }
+            match crate::fuzzing::feed(1, &wire, &reads) {
+                // A repeated stretch of under 200 bytes holds at most two whole frames.
+                Ok(n) => prop_assert!(n <= lens.len() + 2),
+                Err(e) => prop_assert!(e.is_protocol(), "{e}"),
+            }
         }
     }
 }

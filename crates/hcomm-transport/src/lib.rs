@@ -16,5 +16,42 @@ pub use connect::{MeshOptions, connect_mesh};
 pub use mem::MemTransport;
 pub use stream::{StreamOptions, StreamTransport};
 
+/// Entry points for the fuzz targets in `fuzz/` (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing {
+    use hcomm_core::Result;
+    use hcomm_core::wire::HEADER_LEN;
+
+    use crate::framing::{Assembler, MAX_PARTIAL};
+
+    /// Feeds `data` to the frame parser of a connection from rank `peer`, in reads of
+    /// the sizes `reads` gives in turn (the rest in one), and returns the number of
+    /// complete messages; stops at the first protocol error. Checks the parser's
+    /// bounds: its buffer never holds more than a frame and a read beyond what
+    /// arrived, and at most `MAX_PARTIAL` messages are open.
+    ///
+    /// # Errors
+    /// The protocol error the parser reports.
+    pub fn feed(peer: usize, data: &[u8], reads: &[usize]) -> Result<usize> {
+        let mut a = Assembler::new(peer);
+        let mut frames = 0;
+        let mut rest = data;
+        let mut sizes = reads.iter().copied().chain(std::iter::repeat(usize::MAX));
+        while !rest.is_empty() {
+            let n = sizes.next().unwrap_or(usize::MAX).clamp(1, rest.len());
+            let (now, later) = rest.split_at(n);
+            rest = later;
+            a.read_buf().extend_from_slice(now);
+            while let Some(f) = a.next_frame()? {
+                assert!(f.payload.len() as u64 == f.header.msg_len, "a message comes out whole");
+                frames += 1;
+            }
+            assert!(a.buffered() < HEADER_LEN + hcomm_core::wire::MAX_FRAGMENT as usize + data.len().max(1));
+            assert!(a.open_messages() <= MAX_PARTIAL);
+        }
+        Ok(frames)
+    }
+}
+
 /// Whether this build has the io_uring backend.
 pub const HAS_URING: bool = cfg!(all(feature = "uring", target_os = "linux"));
