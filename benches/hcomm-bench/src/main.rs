@@ -1,0 +1,602 @@
+//! `hcomm-bench`: OSU / nccl-tests style measurements of HComm.
+//!
+//! ```text
+//! cargo run --release -p hcomm-bench -- [--ranks 2] [--transport tcp|uring|mem]
+//!     [--ops latency,bw,allreduce,broadcast,allgather,reduce_scatter,alltoall]
+//!     [--min 4] [--max 64M] [--iters N] [--warmup N] [--window 64]
+//!     [--algo allreduce=ring] [--csv out.csv] [--json out.json]
+//!     [--plot busbw.svg [--plot-op allreduce] [--with earlier.json ...]]
+//! ```
+//!
+//! Sizes double from `--min` to `--max`. For each operation and size every rank runs
+//! `--warmup` untimed then `--iters` timed operations back to back after a barrier;
+//! its time per operation is the mean; the table gives the mean, minimum and maximum
+//! of that over ranks, algbw = size / time and busbw = algbw × the nccl-tests factor
+//! (allreduce 2(n−1)/n; allgather, reduce_scatter and alltoall (n−1)/n; broadcast
+//! and point to point 1). As in nccl-tests, the size of allgather, reduce_scatter and
+//! alltoall is the whole buffer (n blocks). `latency` is half the round trip of a
+//! ping-pong between ranks 0 and 1; `bw` streams windows of `--window` messages from
+//! rank 0 to rank 1, each window answered by a 4-byte acknowledgement (as osu_bw).
+//! Ranks above 1 idle during both.
+//!
+//! Ranks are processes (tcp, uring: started by this program itself, or by a
+//! launcher) or tasks of one process (mem). A progress bar shows on a terminal.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use hcomm::{
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Communicator, LocalTransport, ReduceOp, ReduceScatterAlgo,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "hcomm-bench", about = "HComm latency, bandwidth and collectives over message sizes")]
+struct Args {
+    /// Ranks (processes for tcp and uring, tasks for mem).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// tcp, uring or mem.
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// Comma-separated: latency, bw, allreduce, broadcast, allgather, reduce_scatter,
+    /// alltoall, or all.
+    #[arg(long, default_value = "all")]
+    ops: String,
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(long, default_value = "4", value_parser = parse_size)]
+    min: usize,
+    /// Largest size.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    max: usize,
+    /// Timed operations per size (default: 64 MiB worth, between 10 and 1000).
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Untimed operations per size first (default: a tenth of the timed, at least 2).
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Messages in flight per window of `bw`.
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// Force an algorithm, `OP=NAME` (repeatable), e.g. `allreduce=ring`.
+    #[arg(long)]
+    algo: Vec<String>,
+    /// Write the rows as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Write the run as JSON (meta and rows), for `--with` of a later run.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw busbw against size as SVG: this run and every `--with` run, one line each.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// The operation the plot shows.
+    #[arg(long, default_value = "allreduce")]
+    plot_op: String,
+    /// Earlier runs' JSON files to draw beside this one.
+    #[arg(long)]
+    with: Vec<PathBuf>,
+    /// Draw the plot from `--with` files only, without measuring.
+    #[arg(long)]
+    no_run: bool,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, shift) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    num.parse::<usize>().map(|n| n << shift).map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("hcomm-bench: {msg}");
+    std::process::exit(1);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Latency,
+    Bw,
+    Allreduce,
+    Broadcast,
+    Allgather,
+    ReduceScatter,
+    Alltoall,
+}
+
+const OPS: [(Op, &str); 7] = [
+    (Op::Latency, "latency"),
+    (Op::Bw, "bw"),
+    (Op::Allreduce, "allreduce"),
+    (Op::Broadcast, "broadcast"),
+    (Op::Allgather, "allgather"),
+    (Op::ReduceScatter, "reduce_scatter"),
+    (Op::Alltoall, "alltoall"),
+];
+
+impl Op {
+    fn name(self) -> &'static str {
+        OPS.iter().find(|(o, _)| *o == self).expect("listed").1
+    }
+
+    /// The nccl-tests bus bandwidth factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Op::Allreduce => 2.0 * (n - 1.0) / n,
+            Op::Allgather | Op::ReduceScatter | Op::Alltoall => (n - 1.0) / n,
+            Op::Latency | Op::Bw | Op::Broadcast => 1.0,
+        }
+    }
+
+    /// Whether the size is `n` blocks (nccl-tests' convention for these).
+    fn blocked(self) -> bool {
+        matches!(self, Op::Allgather | Op::ReduceScatter | Op::Alltoall)
+    }
+}
+
+/// Algorithms forced with `--algo`.
+#[derive(Debug, Clone, Default)]
+struct Forced {
+    allreduce: Option<AllreduceAlgo>,
+    broadcast: Option<BcastAlgo>,
+    allgather: Option<AllgatherAlgo>,
+    reduce_scatter: Option<ReduceScatterAlgo>,
+    alltoall: Option<AlltoallAlgo>,
+}
+
+impl Forced {
+    fn parse(specs: &[String]) -> Result<Forced, String> {
+        let mut f = Forced::default();
+        for spec in specs {
+            let (op, name) = spec.split_once('=').ok_or_else(|| format!("--algo {spec:?} is not OP=NAME"))?;
+            let e = |e: hcomm::Error| e.to_string();
+            match op {
+                "allreduce" => f.allreduce = Some(name.parse().map_err(e)?),
+                "broadcast" => f.broadcast = Some(name.parse().map_err(e)?),
+                "allgather" => f.allgather = Some(name.parse().map_err(e)?),
+                "reduce_scatter" => f.reduce_scatter = Some(name.parse().map_err(e)?),
+                "alltoall" => f.alltoall = Some(name.parse().map_err(e)?),
+                _ => return Err(format!("--algo {spec:?}: no algorithms to choose for {op:?}")),
+            }
+        }
+        Ok(f)
+    }
+
+    fn name(&self, op: Op) -> String {
+        let forced = match op {
+            Op::Allreduce => self.allreduce.map(|a| a.name()),
+            Op::Broadcast => self.broadcast.map(|a| a.name()),
+            Op::Allgather => self.allgather.map(|a| a.name()),
+            Op::ReduceScatter => self.reduce_scatter.map(|a| a.name()),
+            Op::Alltoall => self.alltoall.map(|a| a.name()),
+            Op::Latency | Op::Bw => Some("direct"),
+        };
+        forced.unwrap_or("auto").to_string()
+    }
+}
+
+/// One line of the table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Row {
+    op: String,
+    ranks: usize,
+    transport: String,
+    algo: String,
+    bytes: usize,
+    iters: usize,
+    avg_us: f64,
+    min_us: f64,
+    max_us: f64,
+    algbw_gbs: f64,
+    busbw_gbs: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Run {
+    label: String,
+    unix_time: u64,
+    ranks: usize,
+    transport: String,
+    how: String,
+    rows: Vec<Row>,
+}
+
+fn ops_of(a: &Args) -> Vec<Op> {
+    if a.ops == "all" {
+        return OPS.iter().map(|o| o.0).collect();
+    }
+    a.ops
+        .split(',')
+        .map(|s| {
+            OPS.iter().find(|(_, n)| *n == s.trim()).map(|o| o.0).unwrap_or_else(|| fail(format!("unknown op {s:?}")))
+        })
+        .collect()
+}
+
+fn sizes(a: &Args, op: Op, n: usize) -> Vec<usize> {
+    let unit = if op.blocked() { 4 * n } else { 4 };
+    let lo = a.min.max(if matches!(op, Op::Latency | Op::Bw) { 1 } else { unit });
+    std::iter::successors(Some(lo), |s| s.checked_mul(2).filter(|&d| d <= a.max)).filter(|s| *s <= a.max).collect()
+}
+
+fn iters(a: &Args, bytes: usize) -> (usize, usize) {
+    let it = a.iters.unwrap_or_else(|| ((64 << 20) / bytes.max(1)).clamp(10, 1000));
+    (it, a.warmup.unwrap_or((it / 10).max(2)))
+}
+
+/// Buffers for one size.
+#[derive(Debug)]
+struct Bufs {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    bytes: Vec<u8>,
+}
+
+async fn once<T: LocalTransport>(
+    comm: &Communicator<T>,
+    op: Op,
+    f: &Forced,
+    bufs: &mut Bufs,
+    window: usize,
+) -> hcomm::Result<()> {
+    let n = comm.size();
+    match op {
+        Op::Allreduce => match f.allreduce {
+            Some(al) => comm.all_reduce_with(&mut bufs.a, ReduceOp::Sum, al).await,
+            None => comm.all_reduce(&mut bufs.a, ReduceOp::Sum).await,
+        },
+        Op::Broadcast => match f.broadcast {
+            Some(al) => comm.broadcast_with(&mut bufs.a, 0, al).await,
+            None => comm.broadcast(&mut bufs.a, 0).await,
+        },
+        Op::Allgather => {
+            let mine = &bufs.b[..bufs.a.len() / n];
+            match f.allgather {
+                Some(al) => comm.all_gather_with(mine, &mut bufs.a, al).await,
+                None => comm.all_gather(mine, &mut bufs.a).await,
+            }
+        }
+        Op::ReduceScatter => {
+            let out = &mut bufs.b[..bufs.a.len() / n];
+            match f.reduce_scatter {
+                Some(al) => comm.reduce_scatter_with(&bufs.a, out, ReduceOp::Sum, al).await,
+                None => comm.reduce_scatter(&bufs.a, out, ReduceOp::Sum).await,
+            }
+        }
+        Op::Alltoall => match f.alltoall {
+            Some(al) => comm.all_to_all_with(&bufs.a, &mut bufs.b, al).await,
+            None => comm.all_to_all(&bufs.a, &mut bufs.b).await,
+        },
+        Op::Latency => match comm.rank() {
+            0 => {
+                comm.send(1, 1, &bufs.bytes).await?;
+                comm.recv_into(1, 1, &mut bufs.bytes).await
+            }
+            1 => {
+                comm.recv_into(0, 1, &mut bufs.bytes).await?;
+                comm.send(0, 1, &bufs.bytes).await
+            }
+            _ => Ok(()),
+        },
+        Op::Bw => match comm.rank() {
+            0 => {
+                let sends = (0..window).map(|_| comm.send(1, 2, &bufs.bytes));
+                futures::future::try_join_all(sends).await?;
+                comm.recv::<u8>(1, 3).await.map(drop)
+            }
+            1 => {
+                for _ in 0..window {
+                    comm.recv_into(0, 2, &mut bufs.bytes).await?;
+                }
+                comm.send(0, 3, &[0u8; 4]).await
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+/// Measures one operation at one size; every rank returns the row (rank 0 prints).
+async fn measure<T: LocalTransport>(
+    comm: &Communicator<T>,
+    a: &Args,
+    f: &Forced,
+    op: Op,
+    bytes: usize,
+) -> hcomm::Result<Row> {
+    let n = comm.size();
+    let elems = (bytes / 4).max(1);
+    let mut bufs = Bufs {
+        a: vec![1.0; elems],
+        b: vec![1.0; if op == Op::Alltoall { elems } else { elems.div_ceil(n).max(1) }],
+        bytes: vec![7u8; bytes],
+    };
+    let (it, warm) = iters(a, bytes);
+    for _ in 0..warm {
+        once(comm, op, f, &mut bufs, a.window).await?;
+    }
+    comm.barrier().await?;
+    let t = Instant::now();
+    for _ in 0..it {
+        once(comm, op, f, &mut bufs, a.window).await?;
+    }
+    let per_op = t.elapsed().as_secs_f64() / it as f64;
+    // Point to point: rank 0's view (half a round trip; a window's time per message).
+    let mine = match op {
+        Op::Latency => per_op / 2.0,
+        Op::Bw => per_op / a.window as f64,
+        _ => per_op,
+    };
+    let p2p = matches!(op, Op::Latency | Op::Bw);
+    let mut stats =
+        [if p2p && comm.rank() > 1 { 0.0 } else { mine }, if p2p && comm.rank() > 1 { f64::MIN } else { -mine }, mine];
+    let mut sum = [stats[0]];
+    comm.all_reduce(&mut sum, ReduceOp::Sum).await?;
+    comm.all_reduce(&mut stats, ReduceOp::Max).await?;
+    let counted = if p2p { n.min(2) } else { n };
+    let avg = sum[0] / counted as f64;
+    let (min, max) = (-stats[1], stats[0]);
+    let algbw = bytes as f64 / avg / 1e9;
+    Ok(Row {
+        op: op.name().to_string(),
+        ranks: n,
+        transport: comm.transport_name().to_string(),
+        algo: f.name(op),
+        bytes,
+        iters: it,
+        avg_us: avg * 1e6,
+        min_us: min * 1e6,
+        max_us: max * 1e6,
+        algbw_gbs: algbw,
+        busbw_gbs: algbw * op.bus_factor(n),
+    })
+}
+
+const HEADER: &str =
+    "#   operation            size     iters      avg(us)      min(us)      max(us)  algbw(GB/s)  busbw(GB/s)  algo";
+
+fn line(r: &Row) -> String {
+    format!(
+        "  {:<15} {:>12} {:>9} {:>12.2} {:>12.2} {:>12.2} {:>12.3} {:>12.3}  {}",
+        r.op, r.bytes, r.iters, r.avg_us, r.min_us, r.max_us, r.algbw_gbs, r.busbw_gbs, r.algo
+    )
+}
+
+async fn bench<T: LocalTransport>(comm: &Communicator<T>, a: &Args, f: &Forced) -> hcomm::Result<Vec<Row>> {
+    let n = comm.size();
+    let ops = ops_of(a);
+    let plan: Vec<(Op, usize)> = ops
+        .iter()
+        .filter(|&&op| n >= 2 || !matches!(op, Op::Latency | Op::Bw))
+        .flat_map(|&op| sizes(a, op, n).into_iter().map(move |s| (op, s)))
+        .collect();
+    let lead = comm.rank() == 0;
+    let bar = if lead && !a.no_progress { ProgressBar::new(plan.len() as u64) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}]").expect("a valid template"),
+    );
+    if lead {
+        // `suspend`, not `println`: a hidden bar (no terminal) drops `println` lines.
+        bar.suspend(|| println!("# hcomm-bench: {n} ranks, transport {}\n{HEADER}", comm.transport_name()));
+    }
+    let mut rows = Vec::with_capacity(plan.len());
+    for (op, bytes) in plan {
+        bar.set_message(format!("{} {bytes} B", op.name()));
+        let row = measure(comm, a, f, op, bytes).await?;
+        if lead {
+            bar.suspend(|| println!("{}", line(&row)));
+        }
+        bar.inc(1);
+        rows.push(row);
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+fn csv(rows: &[Row]) -> String {
+    let mut s = String::from("op,ranks,transport,algo,bytes,iters,avg_us,min_us,max_us,algbw_gbs,busbw_gbs\n");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.6},{:.6}",
+            r.op,
+            r.ranks,
+            r.transport,
+            r.algo,
+            r.bytes,
+            r.iters,
+            r.avg_us,
+            r.min_us,
+            r.max_us,
+            r.algbw_gbs,
+            r.busbw_gbs
+        );
+    }
+    s
+}
+
+fn human(b: usize) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b}"),
+    }
+}
+
+/// busbw against size (log scale), one polyline per run.
+fn svg(runs: &[Run], op: &str) -> Result<String, String> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = runs
+        .iter()
+        .map(|r| {
+            let pts = r.rows.iter().filter(|x| x.op == op).map(|x| ((x.bytes as f64).log2(), x.busbw_gbs)).collect();
+            (r.label.clone(), pts)
+        })
+        .filter(|(_, p): &(String, Vec<(f64, f64)>)| !p.is_empty())
+        .collect();
+    if series.is_empty() {
+        return Err(format!("no {op} rows to plot"));
+    }
+    let all = series.iter().flat_map(|s| s.1.iter());
+    let (x0, x1) = all.clone().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let y1 = all.fold(0.0f64, |m, p| m.max(p.1)).max(1e-9) * 1.1;
+    let (w, h, l, r, t, b) = (900.0, 520.0, 70.0, 20.0, 40.0, 50.0);
+    let px = |x: f64| l + (x - x0) / (x1 - x0).max(1.0) * (w - l - r);
+    let py = |y: f64| h - b - y / y1 * (h - t - b);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{op}: bus bandwidth against size</text>\n",
+        w / 2.0
+    );
+    let _ = writeln!(s, "<line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>", h - b, w - r, h - b);
+    let _ = writeln!(s, "<line x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{}\" stroke=\"black\"/>", h - b);
+    let mut k = x0.ceil() as i64;
+    while k as f64 <= x1 {
+        if k % 2 == 0 || x1 - x0 < 12.0 {
+            let x = px(k as f64);
+            let _ = writeln!(s, "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"#ddd\"/>", t, h - b);
+            let _ = writeln!(
+                s,
+                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                h - b + 18.0,
+                human(1usize << k)
+            );
+        }
+        k += 1;
+    }
+    for i in 0..=5 {
+        let y = y1 * i as f64 / 5.0;
+        let _ = writeln!(s, "<line x1=\"{l}\" y1=\"{0}\" x2=\"{1}\" y2=\"{0}\" stroke=\"#ddd\"/>", py(y), w - r);
+        let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{y:.2}</text>", l - 6.0, py(y) + 4.0);
+    }
+    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">size (bytes)</text>", w / 2.0, h - 10.0);
+    let _ = writeln!(
+        s,
+        "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">busbw (GB/s)</text>",
+        h / 2.0,
+        h / 2.0
+    );
+    const COLOURS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+    for (i, (label, pts)) in series.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        let path: Vec<String> = pts.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y))).collect();
+        let _ =
+            writeln!(s, "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>", path.join(" "));
+        let ly = t + 16.0 + 18.0 * i as f64;
+        let _ = writeln!(
+            s,
+            "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>",
+            l + 12.0,
+            l + 36.0
+        );
+        let _ = writeln!(s, "<text x=\"{}\" y=\"{}\">{}</text>", l + 42.0, ly + 4.0, escape(label));
+    }
+    s.push_str("</svg>\n");
+    Ok(s)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn write(path: &PathBuf, data: &str) {
+    std::fs::write(path, data).unwrap_or_else(|e| fail(format!("cannot write {}: {e}", path.display())));
+}
+
+/// Writes the outputs of a finished run (rank 0).
+fn outputs(a: &Args, run: Option<Run>) {
+    if let Some(run) = &run {
+        if let Some(p) = &a.csv {
+            write(p, &csv(&run.rows));
+        }
+        if let Some(p) = &a.json {
+            write(p, &serde_json::to_string_pretty(run).expect("rows serialise"));
+        }
+    }
+    if let Some(p) = &a.plot {
+        let mut runs: Vec<Run> = a
+            .with
+            .iter()
+            .map(|f| {
+                let data = std::fs::read(f).unwrap_or_else(|e| fail(format!("cannot read {}: {e}", f.display())));
+                serde_json::from_slice(&data)
+                    .unwrap_or_else(|e| fail(format!("{} is not an hcomm-bench run: {e}", f.display())))
+            })
+            .collect();
+        runs.extend(run);
+        write(p, &svg(&runs, &a.plot_op).unwrap_or_else(|e| fail(e)));
+    }
+}
+
+fn finish(a: &Args, how: &str, rows: Vec<Row>) {
+    let (ranks, transport) =
+        rows.first().map(|r| (r.ranks, r.transport.clone())).unwrap_or((a.ranks, a.transport.clone()));
+    let unix_time = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs();
+    let label = format!("hcomm {transport}, {ranks} ranks ({how})");
+    outputs(a, Some(Run { label, unix_time, ranks, transport, how: how.to_string(), rows }));
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e))
+}
+
+fn main() {
+    let a = Args::parse();
+    if a.no_run {
+        if a.plot.is_none() || a.with.is_empty() {
+            fail("--no-run draws --plot from --with files: give both");
+        }
+        return outputs(&a, None);
+    }
+    if a.ranks == 0 || a.min == 0 || a.min > a.max {
+        fail("need --ranks >= 1 and 0 < --min <= --max");
+    }
+    let f = Forced::parse(&a.algo).unwrap_or_else(|e| fail(e));
+    let launched = hcomm::env::LaunchEnv::launched();
+    match (a.transport.as_str(), launched) {
+        ("mem", _) => runtime().block_on(async {
+            let comms = hcomm::local(a.ranks);
+            let rows = futures::future::join_all(comms.iter().map(|c| bench(c, &a, &f))).await;
+            let rows: Vec<Vec<Row>> = rows.into_iter().map(|r| r.unwrap_or_else(|e| fail(e))).collect();
+            finish(&a, "tasks in one process", rows.into_iter().next().unwrap_or_default());
+        }),
+        ("tcp", true) => runtime().block_on(async {
+            let comm = hcomm::init().await.unwrap_or_else(|e| fail(e));
+            let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
+            if comm.rank() == 0 {
+                finish(&a, "processes", rows);
+            }
+        }),
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        ("uring", true) => tokio_uring::start(async {
+            let comm =
+                hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_uring().await.unwrap_or_else(|e| fail(e));
+            let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
+            if comm.rank() == 0 {
+                finish(&a, "processes", rows);
+            }
+        }),
+        ("tcp" | "uring", false) => {
+            let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
+            let launch = hcomm::launch::Launch {
+                ranks: a.ranks,
+                program: exe.into_os_string(),
+                args: std::env::args_os().skip(1).collect(),
+                prefix: false,
+                env: Vec::new(),
+            };
+            let out = runtime().block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
+            std::process::exit(out.code);
+        }
+        (other, _) => fail(format!("unknown or unavailable transport {other:?} (tcp, uring, mem)")),
+    }
+}
