@@ -4,6 +4,7 @@
 //!
 //! Users normally depend on the `hcomm` facade crate, which re-exports what they need.
 
+pub mod auth;
 pub mod dtype;
 pub mod error;
 pub mod events;
@@ -12,6 +13,7 @@ pub mod op;
 pub mod transport;
 pub mod wire;
 
+pub use auth::JobKey;
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
 pub use mailbox::{Frame, Mailbox, MatchKey};

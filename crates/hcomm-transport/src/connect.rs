@@ -1,22 +1,32 @@
 //! Connection setup for the TCP transports: the handshake every connection starts
 //! with, and the full mesh between the ranks of a job.
 //!
-//! The handshake (32 bytes each way) carries a magic, the protocol version, a hash of
-//! the job id, the source and destination ranks and the job size. A connection that
-//! does not send a valid handshake for this job and this rank within the handshake
-//! timeout is logged and closed; the job goes on accepting the connections it expects.
+//! The handshake authenticates both ends with the job key (`hcomm_core::auth`):
+//!
+//! 1. the dialer sends its hello (magic, protocol version, a hash of the job id, the
+//!    source and destination ranks, the job size; 32 bytes) and a nonce;
+//! 2. the acceptor checks the hello and answers with its acknowledgement, its own
+//!    nonce and its proof of the key over both hellos and nonces;
+//! 3. the dialer checks that proof and sends its own.
+//!
+//! A connection that does not complete this for this job and this rank within the
+//! handshake timeout, or whose proof is wrong, is logged and closed; the job goes on
+//! accepting the connections it expects.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use hcomm_core::auth::{JobKey, PROOF_LEN};
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, timeout, timeout_at};
 
 const HELLO_MAGIC: [u8; 4] = *b"HCMH";
+/// Version of the handshake (2: with proofs of the job key).
+const HELLO_VERSION: u8 = 2;
 const HELLO_LEN: usize = 32;
 const KIND_HELLO: u8 = 1;
 const KIND_ACK: u8 = 2;
@@ -26,6 +36,8 @@ const KIND_ACK: u8 = 2;
 pub struct MeshOptions {
     /// Hash of the job id: connections from other jobs are refused.
     pub job: u64,
+    /// The job's key: connections that cannot prove it are refused.
+    pub key: JobKey,
     /// Deadline for the whole mesh (every expected connection made and accepted).
     pub timeout: Duration,
     /// How long one connection may take to complete its handshake.
@@ -34,7 +46,12 @@ pub struct MeshOptions {
 
 impl Default for MeshOptions {
     fn default() -> MeshOptions {
-        MeshOptions { job: 0, timeout: Duration::from_secs(60), handshake_timeout: Duration::from_secs(5) }
+        MeshOptions {
+            job: 0,
+            key: JobKey::default(),
+            timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(5),
+        }
     }
 }
 
@@ -51,7 +68,7 @@ impl Hello {
     fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[0..4].copy_from_slice(&HELLO_MAGIC);
-        b[4] = hcomm_core::wire::VERSION;
+        b[4] = HELLO_VERSION;
         b[5] = self.kind;
         b[8..16].copy_from_slice(&self.job.to_le_bytes());
         b[16..20].copy_from_slice(&self.src.to_le_bytes());
@@ -64,8 +81,8 @@ impl Hello {
         if b[0..4] != HELLO_MAGIC {
             return Err(format!("bad handshake magic {:02x?}", &b[0..4]));
         }
-        if b[4] != hcomm_core::wire::VERSION {
-            return Err(format!("protocol version {} (this build speaks {})", b[4], hcomm_core::wire::VERSION));
+        if b[4] != HELLO_VERSION {
+            return Err(format!("handshake version {} (this build speaks {HELLO_VERSION})", b[4]));
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut job = [0u8; 8];
@@ -99,17 +116,26 @@ async fn dial(
             let mut s = TcpStream::connect(addr).await?;
             tune(&s);
             let hello =
-                Hello { kind: KIND_HELLO, job: opts.job, src: rank as u32, dst: peer as u32, size: size as u32 };
-            s.write_all(&hello.encode()).await?;
-            let mut b = [0u8; HELLO_LEN];
+                Hello { kind: KIND_HELLO, job: opts.job, src: rank as u32, dst: peer as u32, size: size as u32 }
+                    .encode();
+            let mine = JobKey::nonce();
+            s.write_all(&[&hello[..], &mine[..]].concat()).await?;
+            let mut b = [0u8; HELLO_LEN + 2 * PROOF_LEN];
             timeout(opts.handshake_timeout, s.read_exact(&mut b))
                 .await
                 .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no handshake reply"))??;
-            match Hello::decode(&b) {
-                Ok(h) if h.kind == KIND_ACK && h.src == peer as u32 && h.job == opts.job => Ok(s),
-                Ok(h) => Err(std::io::Error::other(format!("unexpected handshake reply {h:?}"))),
-                Err(e) => Err(std::io::Error::other(e)),
+            let (ack, rest) = b.split_at(HELLO_LEN);
+            let (theirs, proof) = rest.split_at(PROOF_LEN);
+            let ack_fields = Hello::decode(ack.try_into().expect("HELLO_LEN bytes")).map_err(std::io::Error::other)?;
+            if ack_fields.kind != KIND_ACK || ack_fields.src != peer as u32 || ack_fields.job != opts.job {
+                return Err(std::io::Error::other(format!("unexpected handshake reply {ack_fields:?}")));
             }
+            let parts: [&[u8]; 4] = [&hello, &mine, ack, theirs];
+            if !opts.key.verify(b"hcomm mesh accept", &parts, proof) {
+                return Err(std::io::Error::other("the peer could not prove the job key (HCOMM_JOB_SECRET differs)"));
+            }
+            s.write_all(&opts.key.prove(b"hcomm mesh dial", &parts)).await?;
+            Ok(s)
         };
         match timeout_at(deadline, attempt).await {
             Ok(Ok(s)) => return Ok(s),
@@ -137,13 +163,15 @@ async fn greet(
     mut s: TcpStream,
     opts: &MeshOptions,
 ) -> std::result::Result<(Rank, TcpStream), String> {
-    let mut b = [0u8; HELLO_LEN];
-    match timeout(opts.handshake_timeout, s.read_exact(&mut b)).await {
+    let until = Instant::now() + opts.handshake_timeout;
+    let mut b = [0u8; HELLO_LEN + PROOF_LEN];
+    match timeout_at(until, s.read_exact(&mut b)).await {
         Err(_) => return Err(format!("no handshake within {:?}", opts.handshake_timeout)),
         Ok(Err(e)) => return Err(format!("connection failed during handshake: {e}")),
         Ok(Ok(_)) => {}
     }
-    let h = Hello::decode(&b)?;
+    let (hello, theirs) = b.split_at(HELLO_LEN);
+    let h = Hello::decode(hello.try_into().expect("HELLO_LEN bytes"))?;
     if h.kind != KIND_HELLO {
         return Err(format!("handshake of kind {} where a hello was expected", h.kind));
     }
@@ -158,8 +186,22 @@ async fn greet(
         return Err(format!("handshake from rank {src}, which should not connect to rank {rank}"));
     }
     tune(&s);
-    let ack = Hello { kind: KIND_ACK, job: opts.job, src: rank as u32, dst: h.src, size: size as u32 };
-    s.write_all(&ack.encode()).await.map_err(|e| format!("could not answer handshake: {e}"))?;
+    let ack = Hello { kind: KIND_ACK, job: opts.job, src: rank as u32, dst: h.src, size: size as u32 }.encode();
+    let mine = JobKey::nonce();
+    let parts: [&[u8]; 4] = [hello, theirs, &ack, &mine];
+    let proof = opts.key.prove(b"hcomm mesh accept", &parts);
+    s.write_all(&[&ack[..], &mine[..], &proof[..]].concat())
+        .await
+        .map_err(|e| format!("could not answer handshake: {e}"))?;
+    let mut dial_proof = [0u8; PROOF_LEN];
+    match timeout_at(until, s.read_exact(&mut dial_proof)).await {
+        Err(_) => return Err(format!("no proof of the job key within {:?}", opts.handshake_timeout)),
+        Ok(Err(e)) => return Err(format!("connection failed during handshake: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    if !opts.key.verify(b"hcomm mesh dial", &parts, &dial_proof) {
+        return Err(format!("rank {src}'s connection could not prove the job key (HCOMM_JOB_SECRET differs)"));
+    }
     Ok((src, s))
 }
 

@@ -5,10 +5,24 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hcomm_core::{Header, MatchKey, OpKind, Signature, Transport};
+use hcomm_core::{Header, JobKey, MatchKey, OpKind, Signature, Transport};
 use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+/// A handshake hello (version 2) and a nonce.
+fn hello(job: u64, src: u32, dst: u32, size: u32) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    b[0..4].copy_from_slice(b"HCMH");
+    b[4] = 2;
+    b[5] = 1;
+    b[8..16].copy_from_slice(&job.to_le_bytes());
+    b[16..20].copy_from_slice(&src.to_le_bytes());
+    b[20..24].copy_from_slice(&dst.to_le_bytes());
+    b[24..28].copy_from_slice(&size.to_le_bytes());
+    b[32..].copy_from_slice(&rand::random::<[u8; 32]>());
+    b
+}
 
 async fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
     let mut ls = Vec::new();
@@ -23,7 +37,12 @@ async fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
 async fn strangers_are_refused_and_the_mesh_completes() {
     let n = 4;
     let (ls, addrs) = listeners(n).await;
-    let opts = MeshOptions { job: 42, timeout: Duration::from_secs(20), handshake_timeout: Duration::from_millis(500) };
+    let opts = MeshOptions {
+        job: 42,
+        key: JobKey::from_secret("the job's secret"),
+        timeout: Duration::from_secs(20),
+        handshake_timeout: Duration::from_millis(500),
+    };
 
     // Before any rank runs: random bytes, a connection that says nothing, a hello for
     // another job, and one claiming to be rank 0 connecting to rank 0.
@@ -31,27 +50,38 @@ async fn strangers_are_refused_and_the_mesh_completes() {
     for (i, a) in addrs.iter().enumerate() {
         let mut s = TcpStream::connect(a).await.unwrap();
         match i % 4 {
-            0 => s.write_all(&rand::random::<[u8; 32]>()).await.unwrap(),
+            0 => s.write_all(&rand::random::<[u8; 64]>()).await.unwrap(),
             1 => {}
-            2 => {
-                let mut hello = [0u8; 32];
-                hello[0..4].copy_from_slice(b"HCMH");
-                hello[4] = 1;
-                hello[5] = 1;
-                hello[8..16].copy_from_slice(&7u64.to_le_bytes());
-                s.write_all(&hello).await.unwrap();
-            }
+            2 => s.write_all(&hello(7, 3, i as u32, 4)).await.unwrap(),
             _ => s.write_all(&[0u8; 5]).await.unwrap(),
         }
         strangers.push(s);
     }
+    // Impostors who know the job id and the ranks but not the secret: each claims to
+    // be rank 3 and answers the challenge with a guess. They are refused, and rank 3
+    // still gets in.
+    let impostors = futures::future::join_all(addrs[..3].iter().enumerate().map(|(dst, a)| async move {
+        let mut s = TcpStream::connect(a).await.unwrap();
+        s.write_all(&hello(42, 3, dst as u32, 4)).await.unwrap();
+        let mut reply = [0u8; 96];
+        s.read_exact(&mut reply).await.unwrap();
+        s.write_all(&rand::random::<[u8; 32]>()).await.unwrap();
+        // The acceptor hangs up: read returns 0 (or the connection is reset).
+        let mut b = [0u8; 1];
+        matches!(tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await, Ok(Ok(0) | Err(_)))
+    }));
 
     let meshes = futures::future::join_all(ls.into_iter().enumerate().map(|(r, l)| {
         let addrs = addrs.clone();
         let opts = opts.clone();
-        async move { connect_mesh(r, n, l, &addrs, &opts).await }
-    }))
-    .await;
+        async move {
+            // The impostors get in first.
+            tokio::time::sleep(Duration::from_millis(if r == 3 { 300 } else { 0 })).await;
+            connect_mesh(r, n, l, &addrs, &opts).await
+        }
+    }));
+    let (meshes, refused) = tokio::join!(meshes, impostors);
+    assert!(refused.iter().all(|r| *r), "an impostor was not hung up on: {refused:?}");
     let transports: Vec<StreamTransport> = meshes
         .into_iter()
         .enumerate()
@@ -81,8 +111,12 @@ async fn a_rank_that_never_comes_is_named() {
     // Rank 2 never runs; its address points at a port nobody serves.
     drop(ls.pop());
     addrs[2] = "127.0.0.1:9".parse().unwrap();
-    let opts =
-        MeshOptions { job: 1, timeout: Duration::from_millis(800), handshake_timeout: Duration::from_millis(200) };
+    let opts = MeshOptions {
+        job: 1,
+        timeout: Duration::from_millis(800),
+        handshake_timeout: Duration::from_millis(200),
+        ..MeshOptions::default()
+    };
     let ls: Vec<TcpListener> = ls;
     let res = futures::future::join_all(ls.into_iter().enumerate().map(|(r, l)| {
         let addrs = addrs.clone();

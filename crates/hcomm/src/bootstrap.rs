@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hcomm_collectives::{Group, Tuning};
+use hcomm_core::JobKey;
 use hcomm_core::{Error, ErrorKind, LocalTransport, OpKind, Result};
 use hcomm_topology::{Topology, host_identity};
 use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh};
@@ -31,6 +32,10 @@ pub struct Config {
     pub addr: String,
     /// Job identity; connections from other jobs are refused.
     pub job_id: String,
+    /// The per-job secret every connection proves (`HCOMM_JOB_SECRET`; `hcomm run`
+    /// makes one). `None`: the job id stands in for it, which keeps other jobs out
+    /// but not an attacker who knows the id.
+    pub secret: Option<String>,
     /// Deadline of each operation.
     pub timeout: Duration,
     /// Deadline of the whole bootstrap.
@@ -70,6 +75,7 @@ impl Config {
             size,
             addr: addr.into(),
             job_id: String::from("default"),
+            secret: None,
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             stall_warn: Some(hcomm_collectives::DEFAULT_STALL_WARN),
@@ -89,6 +95,11 @@ impl Config {
         let e = LaunchEnv::from_env()?;
         let mut c = Config::new(e.rank, e.size, e.addr);
         c.job_id = e.job_id;
+        c.secret = match std::env::var("HCOMM_JOB_SECRET") {
+            Ok(s) if s.trim().is_empty() => return Err(Error::config("HCOMM_JOB_SECRET is empty")),
+            Ok(s) => Some(s),
+            Err(_) => None,
+        };
         if let Some(t) = duration_var("HCOMM_TIMEOUT")? {
             c.timeout = t;
         }
@@ -175,13 +186,20 @@ impl Config {
         }
         let deadline = Instant::now() + self.connect_timeout;
         let job = job_hash(&self.job_id);
+        let key = match &self.secret {
+            Some(s) => JobKey::from_secret(s),
+            None => {
+                tracing::warn!(rank, "HCOMM_JOB_SECRET is not set: connections prove the job id only");
+                JobKey::from_secret(&self.job_id)
+            }
+        };
         let mut keep = Keep::default();
         if rank == 0 && self.serve_store {
-            keep.store =
-                Some(StoreServer::start(self.store_bind_addr().await?, job, size).await.map_err(|e| e.at_rank(rank))?);
+            let bind = self.store_bind_addr().await?;
+            keep.store = Some(StoreServer::start(bind, key.clone(), job, size).await.map_err(|e| e.at_rank(rank))?);
         }
         let mut store =
-            StoreClient::connect(&self.addr, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
+            StoreClient::connect(&self.addr, &key, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
         let ip = store.local_addr()?.ip();
         let listener = TcpListener::bind((ip, 0))
             .await
@@ -219,8 +237,12 @@ impl Config {
             .map_err(|e| boot(rank, format!("malformed rank entry in the store: {e}")))?;
         let addrs: Vec<SocketAddr> = infos.iter().map(|i| i.addr).collect();
         let hosts: Vec<String> = infos.into_iter().map(|i| i.host).collect();
-        let opts =
-            MeshOptions { job, timeout: deadline.saturating_duration_since(Instant::now()), ..MeshOptions::default() };
+        let opts = MeshOptions {
+            job,
+            key,
+            timeout: deadline.saturating_duration_since(Instant::now()),
+            ..MeshOptions::default()
+        };
         let streams = connect_mesh(rank, size, listener, &addrs, &opts).await?;
         Ok((streams, hosts, keep))
     }
@@ -229,11 +251,14 @@ impl Config {
 /// Starts a store on loopback and the configurations of `n` ranks that use it.
 pub(crate) async fn local_configs(n: usize) -> Result<(StoreServer, Vec<Config>)> {
     let job_id = format!("local-{:016x}", rand::random::<u64>());
-    let store = StoreServer::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), job_hash(&job_id), n).await?;
+    let secret = hcomm_core::auth::hex(&JobKey::nonce());
+    let key = JobKey::from_secret(&secret);
+    let store = StoreServer::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), key, job_hash(&job_id), n).await?;
     let configs = (0..n)
         .map(|r| {
             let mut c = Config::new(r, n, store.addr().to_string());
             c.job_id = job_id.clone();
+            c.secret = Some(secret.clone());
             c.serve_store = false;
             c
         })

@@ -97,6 +97,11 @@ pub async fn run(l: Launch) -> Result<Outcome> {
         probe.local_addr().map_err(|e| Error::io("picking a rendezvous port", e))?.port()
     };
     let job = format!("run-{:016x}", rand::random::<u64>());
+    // The ranks' shared secret: the caller's, or a fresh one for this job.
+    let secret = std::env::var("HCOMM_JOB_SECRET")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| hcomm_core::auth::hex(&hcomm_core::JobKey::nonce()));
     let width = (l.ranks - 1).to_string().len();
     let (kill_tx, kill_rx) = watch::channel(false);
     let mut waits = FuturesUnordered::new();
@@ -110,6 +115,7 @@ pub async fn run(l: Launch) -> Result<Outcome> {
             .env("HCOMM_LOCAL_RANK", r.to_string())
             .env("HCOMM_ADDR", format!("127.0.0.1:{port}"))
             .env("HCOMM_JOB_ID", &job)
+            .env("HCOMM_JOB_SECRET", &secret)
             .envs(l.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -54,7 +54,7 @@ pub use hcomm_collectives::{
     AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, CostModel, Measured, ReduceScatterAlgo, Tuning,
 };
 pub use hcomm_core::{
-    DType, Element, Error, ErrorKind, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
+    DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
 };
 pub use hcomm_topology::Topology;
 pub use hcomm_transport::{HAS_URING, MemTransport, StreamOptions, StreamTransport};

@@ -2,9 +2,11 @@
 //! through which ranks exchange their addresses.
 //!
 //! Messages are length-prefixed JSON (a `u32` little-endian length, at most
-//! [`MAX_MESSAGE`] bytes). A client starts with a hello naming the job and its rank;
-//! a connection whose hello is missing, malformed, late or for another job is closed
-//! and logged, and the store carries on. A waiting get answers with the keys still
+//! [`MAX_MESSAGE`] bytes). A client starts with a hello naming the job, its rank and
+//! a nonce; the store answers with its own nonce and its proof of the job key, the
+//! client checks it and sends its own proof (see `hcomm_core::auth`). A connection
+//! whose hello or proof is missing, malformed, late, wrong or for another job is
+//! closed and logged, and the store carries on. A waiting get answers with the keys still
 //! missing when its wait runs out, so that a bootstrap failure can name the ranks that
 //! never arrived.
 
@@ -13,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hcomm_core::auth::{JobKey, hex, unhex};
 use hcomm_core::{Error, ErrorKind, OpKind, Result};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,7 +30,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Request {
-    Hello { job: u64, rank: usize, size: usize },
+    Hello { job: u64, rank: usize, size: usize, nonce: String },
+    Proof(String),
     Set { key: String, value: String },
     Get { keys: Vec<String>, wait_ms: u64 },
 }
@@ -35,6 +39,7 @@ enum Request {
 #[derive(Debug, Serialize, Deserialize)]
 enum Response {
     Ok,
+    Challenge { nonce: String, proof: String },
     Values(Vec<String>),
     Missing(Vec<String>),
     Refused(String),
@@ -84,12 +89,12 @@ impl Drop for StoreServer {
 }
 
 impl StoreServer {
-    /// Serves a store for job `job` of `size` ranks on `bind` (port 0 picks one).
-    /// Must be called inside a tokio runtime.
+    /// Serves a store for job `job` of `size` ranks with key `key` on `bind` (port 0
+    /// picks one). Must be called inside a tokio runtime.
     ///
     /// # Errors
     /// A bootstrap error if the address cannot be bound.
-    pub async fn start(bind: SocketAddr, job: u64, size: usize) -> Result<StoreServer> {
+    pub async fn start(bind: SocketAddr, key: JobKey, job: u64, size: usize) -> Result<StoreServer> {
         let listener = TcpListener::bind(bind)
             .await
             .map_err(|e| boot(format!("rank 0 could not serve the rendezvous store on {bind}")).with_source(e))?;
@@ -99,9 +104,9 @@ impl StoreServer {
             loop {
                 match listener.accept().await {
                     Ok((s, from)) => {
-                        let state = state.clone();
+                        let (state, key) = (state.clone(), key.clone());
                         tokio::spawn(async move {
-                            if let Err(why) = serve(s, &state, job, size).await {
+                            if let Err(why) = serve(s, &state, &key, job, size).await {
                                 tracing::warn!(%from, "rendezvous store closed a connection: {why}");
                             }
                         });
@@ -122,16 +127,70 @@ impl StoreServer {
     }
 }
 
-async fn serve(mut s: TcpStream, state: &State, job: u64, size: usize) -> std::result::Result<(), String> {
-    match timeout(HELLO_TIMEOUT, read_msg::<Request>(&mut s)).await {
-        Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
-        Ok(Err(e)) => return Err(format!("bad hello: {e}")),
-        Ok(Ok(Request::Hello { job: j, rank, size: n })) if j == job && n == size && rank < size => {}
-        Ok(Ok(other)) => {
+/// What both proofs of a store connection cover.
+fn store_parts(job: u64, rank: usize, size: usize, client: &[u8], server: &[u8]) -> Vec<Vec<u8>> {
+    vec![
+        job.to_le_bytes().to_vec(),
+        (rank as u64).to_le_bytes().to_vec(),
+        (size as u64).to_le_bytes().to_vec(),
+        client.to_vec(),
+        server.to_vec(),
+    ]
+}
+
+fn proves(key: &JobKey, role: &[u8], parts: &[Vec<u8>], proof: &str) -> bool {
+    let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    unhex(proof).is_some_and(|p| key.verify(role, &parts, &p))
+}
+
+fn prove(key: &JobKey, role: &[u8], parts: &[Vec<u8>]) -> String {
+    let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    hex(&key.prove(role, &parts))
+}
+
+/// The hello and the proofs: `Ok` once the client proved the key.
+async fn authenticate(s: &mut TcpStream, key: &JobKey, job: u64, size: usize) -> std::result::Result<(), String> {
+    let (rank, client) = match read_msg::<Request>(s).await {
+        Err(e) => return Err(format!("bad hello: {e}")),
+        Ok(Request::Hello { job: j, rank, size: n, nonce }) if j == job && n == size && rank < size => {
+            match unhex(&nonce).filter(|n| n.len() == hcomm_core::auth::PROOF_LEN) {
+                Some(n) => (rank, n),
+                None => return Err(String::from("hello with a malformed nonce")),
+            }
+        }
+        Ok(other) => {
             let why = format!("hello does not match this job ({other:?})");
-            let _ = write_msg(&mut s, &Response::Refused(why.clone())).await;
+            let _ = write_msg(s, &Response::Refused(why.clone())).await;
             return Err(why);
         }
+    };
+    let mine = JobKey::nonce();
+    let parts = store_parts(job, rank, size, &client, &mine);
+    let challenge = Response::Challenge { nonce: hex(&mine), proof: prove(key, b"hcomm store server", &parts) };
+    write_msg(s, &challenge).await.map_err(|e| e.to_string())?;
+    match read_msg::<Request>(s).await {
+        Ok(Request::Proof(p)) if proves(key, b"hcomm store client", &parts, &p) => Ok(()),
+        Ok(Request::Proof(_)) => {
+            let why = format!("rank {rank}'s connection could not prove the job key (HCOMM_JOB_SECRET differs)");
+            let _ = write_msg(s, &Response::Refused(why.clone())).await;
+            Err(why)
+        }
+        Ok(other) => Err(format!("{other:?} where a proof was expected")),
+        Err(e) => Err(format!("bad proof: {e}")),
+    }
+}
+
+async fn serve(
+    mut s: TcpStream,
+    state: &State,
+    key: &JobKey,
+    job: u64,
+    size: usize,
+) -> std::result::Result<(), String> {
+    match timeout(HELLO_TIMEOUT, authenticate(&mut s, key, job, size)).await {
+        Err(_) => return Err(format!("no hello and proof within {HELLO_TIMEOUT:?}")),
+        Ok(Err(why)) => return Err(why),
+        Ok(Ok(())) => {}
     }
     write_msg(&mut s, &Response::Ok).await.map_err(|e| e.to_string())?;
     loop {
@@ -141,7 +200,7 @@ async fn serve(mut s: TcpStream, state: &State, job: u64, size: usize) -> std::r
             Err(e) => return Err(format!("bad request: {e}")),
         };
         let resp = match req {
-            Request::Hello { .. } => Response::Refused(String::from("second hello")),
+            Request::Hello { .. } | Request::Proof(_) => Response::Refused(String::from("second hello")),
             Request::Set { key, value } => {
                 state.map.lock().insert(key, value);
                 state.changed.notify_waiters();
@@ -181,26 +240,48 @@ pub struct StoreClient {
 
 impl StoreClient {
     /// Connects to the store at `addr`, retrying until `deadline` (rank 0 may not be
-    /// up yet), and says hello.
+    /// up yet), says hello, and proves the job key (after checking the store's proof).
     ///
     /// # Errors
-    /// A bootstrap error if no store answered before the deadline, or it refused us.
-    pub async fn connect(addr: &str, job: u64, rank: usize, size: usize, deadline: Instant) -> Result<StoreClient> {
+    /// A bootstrap error if no store answered before the deadline, or it refused us,
+    /// or it could not prove the job key.
+    pub async fn connect(
+        addr: &str,
+        key: &JobKey,
+        job: u64,
+        rank: usize,
+        size: usize,
+        deadline: Instant,
+    ) -> Result<StoreClient> {
         let mut delay = Duration::from_millis(10);
         let mut last = String::from("no attempt");
         while Instant::now() < deadline {
             match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
                 Ok(Ok(mut s)) => {
                     let _ = s.set_nodelay(true);
-                    write_msg(&mut s, &Request::Hello { job, rank, size })
+                    let mine = JobKey::nonce();
+                    write_msg(&mut s, &Request::Hello { job, rank, size, nonce: hex(&mine) })
                         .await
                         .map_err(|e| Error::io("store hello", e))?;
-                    return match timeout(HELLO_TIMEOUT, read_msg::<Response>(&mut s)).await {
-                        Ok(Ok(Response::Ok)) => Ok(StoreClient { stream: s, addr: addr.to_owned() }),
-                        Ok(Ok(Response::Refused(why))) => {
+                    let handshake = async {
+                        let Response::Challenge { nonce, proof } = read_msg::<Response>(&mut s).await? else {
+                            return Ok::<_, std::io::Error>(Err(String::from("no challenge from the store")));
+                        };
+                        let theirs = unhex(&nonce).unwrap_or_default();
+                        let parts = store_parts(job, rank, size, &mine, &theirs);
+                        if !proves(key, b"hcomm store server", &parts, &proof) {
+                            return Ok(Err(String::from("it could not prove the job key (HCOMM_JOB_SECRET differs)")));
+                        }
+                        write_msg(&mut s, &Request::Proof(prove(key, b"hcomm store client", &parts))).await?;
+                        read_msg::<Response>(&mut s).await.map(Ok)
+                    };
+                    return match timeout(HELLO_TIMEOUT, handshake).await {
+                        Ok(Ok(Err(why))) => Err(boot(format!("the rendezvous store at {addr} was refused: {why}"))),
+                        Ok(Ok(Ok(Response::Ok))) => Ok(StoreClient { stream: s, addr: addr.to_owned() }),
+                        Ok(Ok(Ok(Response::Refused(why)))) => {
                             Err(boot(format!("the rendezvous store at {addr} refused rank {rank}: {why}")))
                         }
-                        Ok(Ok(other)) => Err(boot(format!("unexpected store reply {other:?}"))),
+                        Ok(Ok(Ok(other))) => Err(boot(format!("unexpected store reply {other:?}"))),
                         Ok(Err(e)) => {
                             Err(boot(format!("the rendezvous store at {addr} failed the hello")).with_source(e))
                         }

@@ -7,16 +7,23 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::check_allreduce;
-use hcomm::store::StoreServer;
-use hcomm::{Config, ReduceOp};
+use hcomm::store::{StoreClient, StoreServer};
+use hcomm::{Config, JobKey, ReduceOp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+const SECRET: &str = "bootstrap-test-secret";
+
+fn key() -> JobKey {
+    JobKey::from_secret(SECRET)
+}
 
 fn configs(n: usize, addr: SocketAddr, job: &str) -> Vec<Config> {
     (0..n)
         .map(|r| {
             let mut c = Config::new(r, n, addr.to_string());
             c.job_id = job.to_owned();
+            c.secret = Some(String::from(SECRET));
             c.serve_store = false;
             c.connect_timeout = Duration::from_secs(20);
             c
@@ -55,16 +62,35 @@ async fn pester(addr: SocketAddr) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_at_the_store_do_not_disturb_the_job() {
     let job = "store-test";
-    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), hash(job), 3).await.unwrap();
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash(job), 3).await.unwrap();
     let addr = store.addr();
-    let (comms, ()) = tokio::join!(
+    let (comms, (), ()) = tokio::join!(
         futures::future::try_join_all(configs(3, addr, job).into_iter().map(Config::connect)),
-        pester(addr)
+        pester(addr),
+        without_the_secret(addr, job)
     );
     let comms = comms.unwrap();
     check_allreduce::<_, f32>(&comms, 10_007, ReduceOp::Sum, 1).await;
     // While the job runs.
-    let (_, ()) = tokio::join!(check_allreduce::<_, i32>(&comms, 50_000, ReduceOp::Max, 2), pester(addr));
+    let (_, (), ()) = tokio::join!(
+        check_allreduce::<_, i32>(&comms, 50_000, ReduceOp::Max, 2),
+        pester(addr),
+        without_the_secret(addr, job)
+    );
+}
+
+/// A client that knows the job id and a rank but not the secret: the store refuses
+/// it, and a whole rank configured so cannot join.
+async fn without_the_secret(addr: SocketAddr, job: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let wrong = JobKey::from_secret("a guess");
+    let e = StoreClient::connect(&addr.to_string(), &wrong, hash(job), 1, 3, deadline).await.unwrap_err();
+    assert!(e.to_string().contains("could not prove the job key"), "{e}");
+    let mut c = configs(3, addr, job).remove(2);
+    c.secret = Some(String::from("a guess"));
+    c.connect_timeout = Duration::from_secs(2);
+    let e = c.connect().await.unwrap_err();
+    assert!(e.to_string().contains("could not prove the job key"), "{e}");
 }
 
 fn hash(job: &str) -> u64 {
@@ -74,7 +100,7 @@ fn hash(job: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_that_never_arrive_are_named() {
-    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), hash("j"), 4).await.unwrap();
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash("j"), 4).await.unwrap();
     let cs = configs(4, store.addr(), "j");
     // Ranks 1 and 3 never start.
     let started: Vec<Config> = cs
