@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hcomm_core::events;
-use hcomm_core::mailbox::encode_abort;
+use hcomm_core::mailbox::{COMM_ABORT_SEQ, encode_abort};
 use hcomm_core::{
     Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature,
 };
@@ -171,6 +171,37 @@ impl<T: LocalTransport> Group<T> {
         self.begin(sig).finish::<()>(Err(err)).unwrap_err()
     }
 
+    /// Aborts the group on every rank: every pending and later operation of it, here
+    /// and at the peers, fails with an aborted error that carries `reason` and names
+    /// this rank. Returns that error. Frames to the peers are queued at once.
+    pub fn abort(&self, reason: &str) -> Error {
+        let me = self.world_rank(self.me);
+        let err = Error::new(ErrorKind::Aborted, format!("communicator aborted by rank {me}: {reason}")).with_peer(me);
+        let mailbox = self.transport.mailbox();
+        if mailbox.abort_comm(self.comm, err.clone()) {
+            let payload = encode_abort(&err);
+            for (i, &peer) in self.members.iter().enumerate() {
+                if i != self.me {
+                    let h = Header::control(
+                        FrameKind::Abort,
+                        OpKind::Barrier,
+                        me,
+                        self.comm,
+                        COMM_ABORT_SEQ,
+                        payload.len(),
+                    );
+                    self.transport.post(peer, h, payload.clone());
+                }
+            }
+        }
+        mailbox.comm_aborted(self.comm).unwrap_or(err)
+    }
+
+    /// Why the group was aborted, if it was.
+    pub fn aborted(&self) -> Option<Error> {
+        self.transport.mailbox().comm_aborted(self.comm)
+    }
+
     /// Applies the group's deadline to a point-to-point operation.
     pub async fn p2p_deadline<R>(&self, op: OpKind, peer: usize, fut: impl Future<Output = Result<R>>) -> Result<R> {
         let r = match tokio::time::timeout(self.timeout, fut).await {
@@ -252,12 +283,18 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// Sends `payload` to group rank `to` under `tag`.
     pub fn send(&self, to: usize, tag: u32, payload: Bytes) -> impl Future<Output = Result<()>> + use<'g, T> {
         let me = self.g.world_rank(self.g.me);
-        let h = Header::data(me, self.g.comm, self.seq, tag, &self.sig, payload.len());
         let to = self.g.world_rank(to);
-        self.moved.fetch_add(payload.len() as u64, Ordering::Relaxed);
-        events::message(me as u32, to as u32, self.sig.op, true, payload.len() as u64, Duration::ZERO);
-        let fut = self.g.transport.send(to, h, payload);
-        async move { fut.await.map_err(|e| e.with_peer(to)) }
+        // A communicator aborted as a whole sends nothing more.
+        let fut = match self.g.aborted() {
+            Some(e) => Err(e),
+            None => {
+                let h = Header::data(me, self.g.comm, self.seq, tag, &self.sig, payload.len());
+                self.moved.fetch_add(payload.len() as u64, Ordering::Relaxed);
+                events::message(me as u32, to as u32, self.sig.op, true, payload.len() as u64, Duration::ZERO);
+                Ok(self.g.transport.send(to, h, payload))
+            }
+        };
+        async move { fut?.await.map_err(|e| e.with_peer(to)) }
     }
 
     /// Receives the payload group rank `from` sent under `tag`. The receive is posted

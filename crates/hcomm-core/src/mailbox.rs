@@ -57,6 +57,8 @@ struct Inner {
     slots: HashMap<MatchKey, Slot>,
     failed_peers: HashMap<Rank, Error>,
     aborted: HashMap<(u64, u64), Error>,
+    /// Communicators aborted as a whole.
+    aborted_comms: HashMap<u64, Error>,
     closed: Option<Error>,
 }
 
@@ -81,6 +83,9 @@ impl std::fmt::Debug for Mailbox {
 }
 
 const NO_PEER: u32 = u32::MAX;
+
+/// The sequence number an abort frame carries when it aborts the whole communicator.
+pub const COMM_ABORT_SEQ: u64 = u64::MAX;
 
 /// Decodes an abort frame's payload: an error-kind byte, the peer the error names
 /// (`u32::MAX`: none; little-endian) and a UTF-8 reason.
@@ -119,6 +124,11 @@ impl Mailbox {
                 // The error names the peer the aborting rank's error named (a failed
                 // rank, say), or else the aborting rank.
                 let (kind, peer, reason) = decode_abort(&frame.payload);
+                if h.seq == COMM_ABORT_SEQ {
+                    let err = Error::new(kind, reason).with_peer(peer.unwrap_or(h.src as Rank));
+                    self.abort_comm(h.comm, err);
+                    return;
+                }
                 let err = Error::new(kind, format!("aborted by rank {}: {reason}", h.src))
                     .with_peer(peer.unwrap_or(h.src as Rank))
                     .in_op(h.op, Some(h.seq));
@@ -136,7 +146,7 @@ impl Mailbox {
         let key = MatchKey::of(&frame.header);
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
-        if inner.aborted.contains_key(&(key.comm, key.seq)) {
+        if inner.aborted.contains_key(&(key.comm, key.seq)) || inner.aborted_comms.contains_key(&key.comm) {
             return;
         }
         if let Some(Slot::Waiting(waiters)) = inner.slots.get_mut(&key) {
@@ -194,7 +204,7 @@ impl Mailbox {
     fn post(&self, key: MatchKey) -> std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>> {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
-        if let Some(e) = inner.aborted.get(&(key.comm, key.seq)) {
+        if let Some(e) = inner.aborted_comms.get(&key.comm).or_else(|| inner.aborted.get(&(key.comm, key.seq))) {
             return Ok(Err(e.clone()));
         }
         if let Some(Slot::Arrived(q)) = inner.slots.get_mut(&key) {
@@ -241,6 +251,25 @@ impl Mailbox {
         inner.slots.retain(|k, s| !(k.comm == comm && k.seq == seq && matches!(s, Slot::Arrived(_))));
         Self::fail_waiters(&mut inner, |k| k.comm == comm && k.seq == seq, &err);
         true
+    }
+
+    /// Aborts communicator `comm` as a whole: every present and future receive on it
+    /// fails with `err`, and its unclaimed messages are dropped. Returns `false` if it
+    /// was aborted already.
+    pub fn abort_comm(&self, comm: u64, err: Error) -> bool {
+        let mut inner = self.inner.lock();
+        if inner.aborted_comms.contains_key(&comm) {
+            return false;
+        }
+        inner.aborted_comms.insert(comm, err.clone());
+        inner.slots.retain(|k, s| !(k.comm == comm && matches!(s, Slot::Arrived(_))));
+        Self::fail_waiters(&mut inner, |k| k.comm == comm, &err);
+        true
+    }
+
+    /// Whether communicator `comm` was aborted as a whole, and why.
+    pub fn comm_aborted(&self, comm: u64) -> Option<Error> {
+        self.inner.lock().aborted_comms.get(&comm).cloned()
     }
 
     /// Whether operation `seq` of `comm` was aborted, and why.

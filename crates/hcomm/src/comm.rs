@@ -91,6 +91,16 @@ impl<T: LocalTransport> Communicator<T> {
         self.group.set_stall_warn(after);
     }
 
+    /// Aborts this communicator on every rank, as `MPI_Abort` and `ncclCommAbort` do
+    /// for a job that cannot go on: every pending and later operation on it, on every
+    /// rank, fails with an aborted error that carries `reason` and names this rank.
+    /// Not collective: any one rank may call it; the others learn it from a frame
+    /// that goes out at once. Communicators made from this one by `split` are not
+    /// affected (abort them too). Returns the error the operations fail with.
+    pub fn abort(&self, reason: &str) -> Error {
+        self.group.abort(reason).at_rank(self.rank())
+    }
+
     /// Number of collectives called so far.
     pub fn collectives_called(&self) -> u64 {
         self.group.collectives_started()
@@ -387,7 +397,8 @@ impl<T: LocalTransport> Communicator<T> {
         let start = std::time::Instant::now();
         let len = payload.len() as u64;
         let me = self.group.world_rank(self.rank());
-        let queued = self.check_peer(dst, OpKind::Send).map(|world| {
+        let aborted = self.group.aborted().map_or(Ok(()), |e| Err(e.in_op(OpKind::Send, None).at_rank(self.rank())));
+        let queued = aborted.and_then(|()| self.check_peer(dst, OpKind::Send)).map(|world| {
             events::message(me as u32, world as u32, OpKind::Send, true, len, Duration::ZERO);
             let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, payload.len());
             (world, self.group.transport().send(world, h, payload))
