@@ -45,6 +45,9 @@ pub struct Config {
     pub stall_warn: Option<Duration>,
     /// Tuning of the TCP transports.
     pub stream: StreamOptions,
+    /// Ports the mesh listener may take (`HCOMM_PORT_RANGE=lo-hi`, inclusive);
+    /// `None`: any free port.
+    pub port_range: Option<(u16, u16)>,
     /// Whether rank 0 serves the store (off when the caller runs one).
     pub serve_store: bool,
     /// Read the algorithm tuning from the environment (`HCOMM_ALGO_ALLREDUCE`,
@@ -79,6 +82,7 @@ impl Config {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             stall_warn: Some(hcomm_collectives::DEFAULT_STALL_WARN),
+            port_range: None,
             stream: StreamOptions::default(),
             serve_store: true,
             tuning_from_env: false,
@@ -116,6 +120,9 @@ impl Config {
                     )));
                 }
             };
+        }
+        if let Ok(v) = std::env::var("HCOMM_PORT_RANGE") {
+            c.port_range = Some(parse_port_range(&v)?);
         }
         c.tuning_from_env = true;
         // Fail on a bad variable before connecting, not after.
@@ -201,9 +208,7 @@ impl Config {
         let mut store =
             StoreClient::connect(&self.addr, &key, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
         let ip = store.local_addr()?.ip();
-        let listener = TcpListener::bind((ip, 0))
-            .await
-            .map_err(|e| Error::io(format!("binding a listener on {ip}"), e).at_rank(rank))?;
+        let listener = bind_listener(ip, self.port_range).await.map_err(|e| e.at_rank(rank))?;
         let me = RankInfo {
             addr: listener.local_addr().map_err(|e| Error::io("listener address", e))?,
             host: host_identity(),
@@ -279,4 +284,51 @@ pub(crate) fn attach_store<T: hcomm_core::LocalTransport>(
             None => c,
         })
         .collect()
+}
+
+/// `HCOMM_PORT_RANGE`: `lo-hi` (inclusive) or a single port.
+///
+/// # Errors
+/// A configuration error naming the variable.
+pub fn parse_port_range(v: &str) -> Result<(u16, u16)> {
+    let bad = || Error::config(format!("HCOMM_PORT_RANGE={v:?} is not a port or a range such as 29500-29599"));
+    let (lo, hi) = match v.trim().split_once('-') {
+        Some((a, b)) => (a.trim(), b.trim()),
+        None => (v.trim(), v.trim()),
+    };
+    let (lo, hi): (u16, u16) = (lo.parse().map_err(|_| bad())?, hi.parse().map_err(|_| bad())?);
+    if lo == 0 || lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
+}
+
+/// A listener on `ip`: on any free port, or on the first free one of `range`.
+async fn bind_listener(ip: IpAddr, range: Option<(u16, u16)>) -> Result<TcpListener> {
+    let Some((lo, hi)) = range else {
+        return TcpListener::bind((ip, 0)).await.map_err(|e| Error::io(format!("binding a listener on {ip}"), e));
+    };
+    for port in lo..=hi {
+        if let Ok(l) = TcpListener::bind((ip, port)).await {
+            return Ok(l);
+        }
+    }
+    Err(Error::new(ErrorKind::Bootstrap, format!("no free port on {ip} in HCOMM_PORT_RANGE {lo}-{hi}"))
+        .in_op(OpKind::Bootstrap, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_range_grammar() {
+        assert_eq!(parse_port_range("29500-29599").unwrap(), (29500, 29599));
+        assert_eq!(parse_port_range(" 40000 - 40000 ").unwrap(), (40000, 40000));
+        assert_eq!(parse_port_range("31000").unwrap(), (31000, 31000));
+        for bad in ["", "0-10", "200-100", "1-70000", "a-b", "-5"] {
+            let e = parse_port_range(bad).unwrap_err();
+            assert!(e.to_string().contains("HCOMM_PORT_RANGE"), "{bad}: {e}");
+        }
+    }
 }

@@ -139,3 +139,56 @@ async fn rank_zero_serves_the_store_and_a_busy_port_is_a_clear_error() {
     let e = c.connect().await.unwrap_err();
     assert!(e.to_string().contains("could not serve the rendezvous store"), "{e}");
 }
+
+/// Three consecutive ports that are free now.
+fn free_ports() -> u16 {
+    for _ in 0..50 {
+        let base = 20_000 + rand::random::<u16>() % 40_000;
+        if (base..base + 3).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no three consecutive free ports");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_take_their_ports_from_the_range() {
+    let base = free_ports();
+    // The range's first port is taken: the two ranks take the next two.
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", base)).unwrap();
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash("ports"), 2).await.unwrap();
+    let cs: Vec<Config> = configs(2, store.addr(), "ports")
+        .into_iter()
+        .map(|mut c| {
+            c.port_range = Some((base, base + 2));
+            c
+        })
+        .collect();
+    let comms = futures::future::try_join_all(cs.into_iter().map(Config::connect)).await.unwrap();
+    check_allreduce::<_, f32>(&comms, 1000, ReduceOp::Sum, 9).await;
+    // The ports the ranks registered in the store (their listeners are closed once
+    // the mesh stands).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut client =
+        StoreClient::connect(&store.addr().to_string(), &key(), hash("ports"), 0, 2, deadline).await.unwrap();
+    let keys = vec![String::from("rank/0"), String::from("rank/1")];
+    let mut ports: Vec<u16> = client
+        .get(&keys, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let info: serde_json::Value = serde_json::from_str(v).unwrap();
+            info["addr"].as_str().unwrap().parse::<SocketAddr>().unwrap().port()
+        })
+        .collect();
+    ports.sort();
+    assert_eq!(ports, vec![base + 1, base + 2]);
+    // A range with no free port is a clear error, not a random port.
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash("full"), 1).await.unwrap();
+    let mut c = configs(1, store.addr(), "full").remove(0);
+    c.port_range = Some((base, base));
+    let e = c.connect().await.unwrap_err();
+    assert!(e.to_string().contains(&format!("no free port on 127.0.0.1 in HCOMM_PORT_RANGE {base}-{base}")), "{e}");
+}
