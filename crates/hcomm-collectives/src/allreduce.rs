@@ -304,37 +304,42 @@ impl Tuning {
         Ok(self)
     }
 
+    /// The algorithm asked for or forced, else the measured table's, else the cost
+    /// model's.
+    fn choose<A: Copy>(
+        &self,
+        forced: Option<A>,
+        table: &[(usize, A)],
+        n: usize,
+        bytes: usize,
+        model: impl FnOnce() -> A,
+    ) -> A {
+        forced.or_else(|| self.measured.pick(table, n, bytes)).unwrap_or_else(model)
+    }
+
     /// The broadcast algorithm for `bytes` over `n` ranks: asked, forced, measured, or
     /// cheapest by the cost model (so for every family below).
     pub fn bcast_algo(&self, n: usize, bytes: usize, asked: Option<BcastAlgo>) -> BcastAlgo {
-        asked
-            .or(self.broadcast)
-            .or_else(|| self.measured.pick(&self.measured.broadcast, n, bytes))
-            .unwrap_or_else(|| self.cost.choose_bcast(n, bytes))
+        self.choose(asked.or(self.broadcast), &self.measured.broadcast, n, bytes, || self.cost.choose_bcast(n, bytes))
     }
 
     /// The alltoall algorithm for blocks of `bytes` over `n` ranks.
     pub fn alltoall_algo(&self, n: usize, bytes: usize, asked: Option<AlltoallAlgo>) -> AlltoallAlgo {
-        asked
-            .or(self.alltoall)
-            .or_else(|| self.measured.pick(&self.measured.alltoall, n, bytes))
-            .unwrap_or_else(|| self.cost.choose_alltoall(n, bytes))
+        self.choose(asked.or(self.alltoall), &self.measured.alltoall, n, bytes, || self.cost.choose_alltoall(n, bytes))
     }
 
     /// The allgather algorithm for `bytes` per rank over `n` ranks.
     pub fn allgather_algo(&self, n: usize, bytes: usize, asked: Option<AllgatherAlgo>) -> AllgatherAlgo {
-        asked
-            .or(self.allgather)
-            .or_else(|| self.measured.pick(&self.measured.allgather, n, bytes))
-            .unwrap_or_else(|| self.cost.choose_allgather(n, bytes))
+        self.choose(asked.or(self.allgather), &self.measured.allgather, n, bytes, || {
+            self.cost.choose_allgather(n, bytes)
+        })
     }
 
     /// The reduce-scatter algorithm for blocks of `bytes` over `n` ranks.
     pub fn reduce_scatter_algo(&self, n: usize, bytes: usize, asked: Option<ReduceScatterAlgo>) -> ReduceScatterAlgo {
-        asked
-            .or(self.reduce_scatter)
-            .or_else(|| self.measured.pick(&self.measured.reduce_scatter, n, bytes))
-            .unwrap_or_else(|| self.cost.choose_reduce_scatter(n, bytes))
+        self.choose(asked.or(self.reduce_scatter), &self.measured.reduce_scatter, n, bytes, || {
+            self.cost.choose_reduce_scatter(n, bytes)
+        })
     }
 
     /// The algorithm an allreduce of `bytes` of `dtype` over `n` ranks runs:
@@ -344,10 +349,9 @@ impl Tuning {
         if self.reproducible && float {
             return AllreduceAlgo::Ordered;
         }
-        asked
-            .or(self.allreduce)
-            .or_else(|| self.measured.pick(&self.measured.allreduce, n, bytes))
-            .unwrap_or_else(|| self.cost.choose_allreduce(n, bytes))
+        self.choose(asked.or(self.allreduce), &self.measured.allreduce, n, bytes, || {
+            self.cost.choose_allreduce(n, bytes)
+        })
     }
 }
 

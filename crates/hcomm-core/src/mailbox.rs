@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -67,6 +68,8 @@ struct Inner {
 pub struct Mailbox {
     rank: Rank,
     inner: Mutex<Inner>,
+    /// Whether `Inner::aborted_comms` holds anything (checked without the lock).
+    any_comm_aborted: AtomicBool,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -111,7 +114,7 @@ pub fn encode_abort(err: &Error) -> Bytes {
 impl Mailbox {
     /// An empty mailbox for `rank` (used in error messages).
     pub fn new(rank: Rank) -> Mailbox {
-        Mailbox { rank, inner: Mutex::new(Inner::default()) }
+        Mailbox { rank, inner: Mutex::new(Inner::default()), any_comm_aborted: AtomicBool::new(false) }
     }
 
     /// Hands a complete message to the mailbox. Data frames go to their receiver (or
@@ -262,6 +265,7 @@ impl Mailbox {
             return false;
         }
         inner.aborted_comms.insert(comm, err.clone());
+        self.any_comm_aborted.store(true, Ordering::Release);
         inner.slots.retain(|k, s| !(k.comm == comm && matches!(s, Slot::Arrived(_))));
         Self::fail_waiters(&mut inner, |k| k.comm == comm, &err);
         true
@@ -269,6 +273,10 @@ impl Mailbox {
 
     /// Whether communicator `comm` was aborted as a whole, and why.
     pub fn comm_aborted(&self, comm: u64) -> Option<Error> {
+        // Every send asks: no lock until some communicator was aborted.
+        if !self.any_comm_aborted.load(Ordering::Acquire) {
+            return None;
+        }
         self.inner.lock().aborted_comms.get(&comm).cloned()
     }
 
