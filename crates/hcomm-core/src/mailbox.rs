@@ -117,6 +117,11 @@ impl Mailbox {
         Mailbox { rank, inner: Mutex::new(Inner::default()), any_comm_aborted: AtomicBool::new(false) }
     }
 
+    /// The rank this mailbox belongs to.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
     /// Hands a complete message to the mailbox. Data frames go to their receiver (or
     /// wait for it); abort frames abort their operation; close frames mark the sender
     /// as gone.
@@ -142,6 +147,8 @@ impl Mailbox {
                 self.fail_peer(h.src as Rank, err);
             }
             FrameKind::Data => self.deliver_data(frame),
+            // Liveness only: the transport that received it has noted the traffic.
+            FrameKind::Heartbeat => {}
         }
     }
 

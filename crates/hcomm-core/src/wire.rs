@@ -42,6 +42,9 @@ pub enum FrameKind {
     Abort = 2,
     /// The sender closes its side in an orderly way; no payload.
     Close = 3,
+    /// Sent on an otherwise idle link so that the receiver can tell a silent peer from
+    /// a dead one; no payload, never delivered to operations.
+    Heartbeat = 4,
 }
 
 impl FrameKind {
@@ -50,6 +53,7 @@ impl FrameKind {
             1 => Some(FrameKind::Data),
             2 => Some(FrameKind::Abort),
             3 => Some(FrameKind::Close),
+            4 => Some(FrameKind::Heartbeat),
             _ => None,
         }
     }

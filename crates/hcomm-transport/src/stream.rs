@@ -11,10 +11,17 @@
 //! messages and delivers them to the mailbox. A broken connection, a protocol
 //! violation or an unannounced EOF fails the peer in the mailbox, so that every receive
 //! from it fails with a peer-failed error naming it.
+//!
+//! A dead process closes its sockets, which its peers notice at once. A hung process, a
+//! host that went down or a cut network path closes nothing: for those, idle links
+//! carry heartbeat frames and a watchdog task fails a peer from which nothing arrived
+//! for [`StreamOptions::peer_timeout`] (0.6 s by default, so that a failure is known
+//! within a second).
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hcomm_core::wire::FrameKind;
@@ -31,11 +38,103 @@ pub struct StreamOptions {
     /// Largest fragment written at once; larger messages are split and interleaved
     /// with other traffic to the same peer.
     pub fragment: usize,
+    /// A peer from which nothing (data or heartbeat) arrives for this long is failed:
+    /// every pending and later receive from it fails with a peer-failed error naming
+    /// it. Idle links carry a heartbeat every quarter of it. `None` turns heartbeats
+    /// and the check off (a dead process is still noticed at once, by its closed
+    /// sockets; a hung process or a cut path then only by operation deadlines).
+    ///
+    /// The peer's heartbeats are sent by a task on its executor: a rank that blocks
+    /// every thread of its executor for longer than this (a long computation on a
+    /// current-thread runtime, say) looks dead to its peers. Set it above the longest
+    /// such pause. This rank's own pauses are harmless: the check skips a round in
+    /// which it was itself late.
+    pub peer_timeout: Option<Duration>,
 }
+
+/// Default of [`StreamOptions::peer_timeout`] (`HCOMM_PEER_TIMEOUT`).
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_millis(600);
 
 impl Default for StreamOptions {
     fn default() -> StreamOptions {
-        StreamOptions { fragment: 512 << 10 }
+        StreamOptions { fragment: 512 << 10, peer_timeout: Some(DEFAULT_PEER_TIMEOUT) }
+    }
+}
+
+/// When each peer was last heard from, and the tasks that serve it.
+#[derive(Debug)]
+struct Links {
+    mailbox: Arc<Mailbox>,
+    epoch: std::time::Instant,
+    /// Milliseconds since `epoch` of the last bytes read from each peer.
+    heard: Vec<AtomicU64>,
+    /// Reader and writer task of each peer.
+    tasks: Mutex<Vec<Vec<AbortHandle>>>,
+    closed: AtomicBool,
+}
+
+impl Links {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn heard_from(&self, peer: Rank) {
+        self.heard[peer].store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Stops serving `peer` (its sockets close when both tasks are gone).
+    fn drop_peer(&self, peer: Rank) {
+        for h in self.tasks.lock()[peer].drain(..) {
+            h.abort();
+        }
+    }
+}
+
+/// Fails every peer not heard from within `timeout`, until the transport closes.
+async fn watchdog(links: Arc<Links>, me: Rank, timeout: Duration) {
+    let tick = (timeout / 4).max(Duration::from_millis(5));
+    let mut last = tokio::time::Instant::now();
+    let mut failed = vec![false; links.heard.len()];
+    failed[me] = true;
+    loop {
+        tokio::time::sleep(tick).await;
+        if links.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let late = now - last > tick * 2;
+        last = now;
+        if late {
+            // This rank's executor was busy: the readers may not have run either.
+            // Judge at the next, punctual round.
+            continue;
+        }
+        let now_ms = links.now_ms();
+        for (peer, done) in failed.iter_mut().enumerate() {
+            if *done {
+                continue;
+            }
+            let silent = Duration::from_millis(now_ms.saturating_sub(links.heard[peer].load(Ordering::Relaxed)));
+            if silent > timeout {
+                *done = true;
+                let err = Error::new(
+                    ErrorKind::PeerFailed,
+                    format!(
+                        "nothing from rank {peer} for {} ms (peer timeout {} ms): its process hangs or its host or \
+                         network path is down",
+                        silent.as_millis(),
+                        timeout.as_millis()
+                    ),
+                )
+                .with_peer(peer)
+                .at_rank(me);
+                tracing::warn!(rank = me, peer, silent_ms = silent.as_millis() as u64, "peer silent: failing it");
+                links.mailbox.fail_peer(peer, err);
+                links.drop_peer(peer);
+            } else if links.mailbox.peer_failure(peer).is_some() {
+                *done = true;
+            }
+        }
     }
 }
 
@@ -47,8 +146,7 @@ pub struct StreamTransport {
     name: &'static str,
     mailbox: Arc<Mailbox>,
     links: Vec<Option<mpsc::UnboundedSender<Outgoing>>>,
-    readers: Mutex<Vec<AbortHandle>>,
-    closed: AtomicBool,
+    shared: Arc<Links>,
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -123,15 +221,15 @@ impl StreamTransport {
                 rxs.push(Some(rx));
             }
         }
-        let t = StreamTransport {
-            rank,
-            size,
-            name,
-            mailbox: Arc::new(Mailbox::new(rank)),
-            links,
-            readers: Mutex::new(Vec::new()),
+        let mailbox = Arc::new(Mailbox::new(rank));
+        let shared = Arc::new(Links {
+            mailbox: mailbox.clone(),
+            epoch: std::time::Instant::now(),
+            heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            tasks: Mutex::new(vec![Vec::new(); size]),
             closed: AtomicBool::new(false),
-        };
+        });
+        let t = StreamTransport { rank, size, name, mailbox, links, shared };
         (t, rxs)
     }
 
@@ -141,12 +239,16 @@ impl StreamTransport {
     /// tokio runtime.
     pub fn tokio(rank: Rank, streams: Vec<Option<tokio::net::TcpStream>>, opts: &StreamOptions) -> StreamTransport {
         let (t, rxs) = StreamTransport::new(rank, streams.len(), "tcp");
+        let heartbeat = opts.peer_timeout.map(|d| d / 4);
         for (peer, (s, rx)) in streams.into_iter().zip(rxs).enumerate() {
             let (Some(s), Some(rx)) = (s, rx) else { continue };
             let (rd, wr) = s.into_split();
-            let h = tokio::spawn(read_loop(rd, peer, t.mailbox.clone()));
-            t.readers.lock().push(h.abort_handle());
-            tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment));
+            let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
+            let w = tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
+            t.shared.tasks.lock()[peer] = vec![r.abort_handle(), w.abort_handle()];
+        }
+        if let Some(timeout) = opts.peer_timeout {
+            tokio::spawn(watchdog(t.shared.clone(), rank, timeout));
         }
         t
     }
@@ -157,12 +259,23 @@ impl StreamTransport {
     #[cfg(all(feature = "uring", target_os = "linux"))]
     pub fn uring(rank: Rank, streams: Vec<Option<std::net::TcpStream>>, opts: &StreamOptions) -> StreamTransport {
         let (t, rxs) = StreamTransport::new(rank, streams.len(), "uring");
+        let heartbeat = opts.peer_timeout.map(|d| d / 4);
         for (peer, (s, rx)) in streams.into_iter().zip(rxs).enumerate() {
             let (Some(s), Some(rx)) = (s, rx) else { continue };
             let s = std::rc::Rc::new(tokio_uring::net::TcpStream::from_std(s));
-            let h = tokio_uring::spawn(read_loop(uring_io::UringLink(s.clone()), peer, t.mailbox.clone()));
-            t.readers.lock().push(h.abort_handle());
-            tokio_uring::spawn(write_loop(uring_io::UringLink(s), rx, peer, t.mailbox.clone(), opts.fragment));
+            let r = tokio_uring::spawn(read_loop(uring_io::UringLink(s.clone()), peer, t.shared.clone()));
+            let w = tokio_uring::spawn(write_loop(
+                uring_io::UringLink(s),
+                rx,
+                peer,
+                t.mailbox.clone(),
+                opts.fragment,
+                heartbeat,
+            ));
+            t.shared.tasks.lock()[peer] = vec![r.abort_handle(), w.abort_handle()];
+        }
+        if let Some(timeout) = opts.peer_timeout {
+            tokio_uring::spawn(watchdog(t.shared.clone(), rank, timeout));
         }
         t
     }
@@ -219,12 +332,17 @@ impl Transport for StreamTransport {
         let (tx, rx) = oneshot::channel();
         let queued = self.enqueue(peer, header, payload, Some(tx));
         let rank = self.rank;
+        let mailbox = self.mailbox.clone();
         async move {
             queued?;
+            // The writer went away with the message: its peer failed (the watchdog
+            // stopped it) or the transport closed.
             rx.await.unwrap_or_else(|_| {
-                Err(Error::new(ErrorKind::Closed, "transport closed before the message was sent")
-                    .at_rank(rank)
-                    .with_peer(peer))
+                Err(mailbox.peer_failure(peer).unwrap_or_else(|| {
+                    Error::new(ErrorKind::Closed, "transport closed before the message was sent")
+                        .at_rank(rank)
+                        .with_peer(peer)
+                }))
             })
         }
     }
@@ -234,14 +352,18 @@ impl Transport for StreamTransport {
     }
 
     fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.shared.closed.swap(true, Ordering::AcqRel) {
             return;
         }
         for peer in (0..self.size).filter(|&p| p != self.rank) {
             self.post(peer, Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, 0), Bytes::new());
         }
-        for h in self.readers.lock().drain(..) {
-            h.abort();
+        // Readers stop now; writers once they have written the close frame.
+        for tasks in self.shared.tasks.lock().iter_mut() {
+            if let Some(r) = tasks.first() {
+                r.abort();
+            }
+            tasks.clear();
         }
         self.mailbox.close(Error::new(ErrorKind::Closed, "communicator closed").at_rank(self.rank));
     }
@@ -269,10 +391,12 @@ trait WriteLink {
 }
 
 /// Reads frames from one peer into the mailbox until the peer closes or fails.
-async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, mailbox: Arc<Mailbox>) {
+async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, links: Arc<Links>) {
+    let mailbox = &links.mailbox;
     let mut asm = Assembler::new(peer);
+    links.heard_from(peer);
     let err = loop {
-        match deliver_all(&mut asm, &mailbox) {
+        match deliver_all(&mut asm, mailbox) {
             Ok(true) => return,
             Ok(false) => {}
             Err(e) => break e.with_peer(peer),
@@ -281,7 +405,7 @@ async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, mailbox: Arc<Mailbox>) 
         asm.put_buf(buf);
         match res {
             Ok(0) => break unannounced_eof(peer),
-            Ok(_) => {}
+            Ok(_) => links.heard_from(peer),
             Err(e) => break broken(peer, "receiving", e),
         }
     };
@@ -297,6 +421,7 @@ async fn write_loop<L: WriteLink>(
     peer: Rank,
     mailbox: Arc<Mailbox>,
     fragment: usize,
+    heartbeat: Option<Duration>,
 ) {
     let mut q = WriteQueue::new(fragment);
     let mut batch = BytesMut::with_capacity(256 << 10);
@@ -306,7 +431,19 @@ async fn write_loop<L: WriteLink>(
             if closing {
                 break;
             }
-            match rx.recv().await {
+            let next = match heartbeat {
+                None => rx.recv().await,
+                Some(every) => match tokio::time::timeout(every, rx.recv()).await {
+                    Ok(next) => next,
+                    // Idle for a heartbeat period: tell the peer this rank is alive.
+                    Err(_) => Some(Outgoing {
+                        header: Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, mailbox.rank(), 0, 0, 0),
+                        payload: Bytes::new(),
+                        done: None,
+                    }),
+                },
+            };
+            match next {
                 Some(o) => closing = gather(&mut q, o, &mut rx),
                 None => break,
             }

@@ -85,7 +85,9 @@ async fn strangers_are_refused_and_the_mesh_completes() {
     let transports: Vec<StreamTransport> = meshes
         .into_iter()
         .enumerate()
-        .map(|(r, m)| StreamTransport::tokio(r, m.unwrap(), &StreamOptions { fragment: 1000 }))
+        .map(|(r, m)| {
+            StreamTransport::tokio(r, m.unwrap(), &StreamOptions { fragment: 1000, ..StreamOptions::default() })
+        })
         .collect();
 
     // Every pair exchanges a multi-fragment message.

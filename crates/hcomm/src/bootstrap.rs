@@ -61,6 +61,15 @@ struct RankInfo {
     host: String,
 }
 
+/// A number of seconds, or `0` for off.
+fn parse_off_or_seconds(var: &str, v: &str, what: &str) -> Result<Option<Duration>> {
+    match v.trim().parse::<f64>() {
+        Ok(0.0) => Ok(None),
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
+        _ => Err(Error::config(format!("{var}={v:?} is not a number of seconds (0 turns {what} off)"))),
+    }
+}
+
 /// FNV-1a of the job id, as carried in handshakes.
 pub(crate) fn job_hash(job_id: &str) -> u64 {
     job_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
@@ -90,8 +99,8 @@ impl Config {
     }
 
     /// From the launcher's environment (see [`crate::env`]), plus `HCOMM_TIMEOUT`,
-    /// `HCOMM_CONNECT_TIMEOUT` and `HCOMM_STALL_WARN` (seconds; `0` turns stall
-    /// reports off).
+    /// `HCOMM_CONNECT_TIMEOUT`, `HCOMM_STALL_WARN` and `HCOMM_PEER_TIMEOUT`
+    /// (seconds; `0` turns stall reports and peer failure detection off).
     ///
     /// # Errors
     /// A configuration error naming the variable at fault.
@@ -111,15 +120,10 @@ impl Config {
             c.connect_timeout = t;
         }
         if let Ok(v) = std::env::var("HCOMM_STALL_WARN") {
-            c.stall_warn = match v.trim().parse::<f64>() {
-                Ok(0.0) => None,
-                Ok(s) if s > 0.0 && s.is_finite() => Some(Duration::from_secs_f64(s)),
-                _ => {
-                    return Err(Error::config(format!(
-                        "HCOMM_STALL_WARN={v:?} is not a number of seconds (0 turns stall reports off)"
-                    )));
-                }
-            };
+            c.stall_warn = parse_off_or_seconds("HCOMM_STALL_WARN", &v, "stall reports")?;
+        }
+        if let Ok(v) = std::env::var("HCOMM_PEER_TIMEOUT") {
+            c.stream.peer_timeout = parse_off_or_seconds("HCOMM_PEER_TIMEOUT", &v, "peer failure detection")?;
         }
         if let Ok(v) = std::env::var("HCOMM_PORT_RANGE") {
             c.port_range = Some(parse_port_range(&v)?);
