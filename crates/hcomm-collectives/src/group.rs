@@ -29,6 +29,8 @@ pub struct Group<T> {
     topology: Topology,
     ring: Arc<[usize]>,
     next_seq: AtomicU64,
+    /// Shrinks called on this group so far.
+    shrinks: AtomicU64,
     timeout: Duration,
     stall_warn: Option<Duration>,
     tuning: Tuning,
@@ -66,6 +68,7 @@ impl<T: LocalTransport> Group<T> {
             topology,
             ring,
             next_seq: AtomicU64::new(1),
+            shrinks: AtomicU64::new(0),
             timeout,
             stall_warn: Some(DEFAULT_STALL_WARN),
             tuning,
@@ -195,6 +198,39 @@ impl<T: LocalTransport> Group<T> {
             }
         }
         mailbox.comm_aborted(self.comm).unwrap_or(err)
+    }
+
+    /// After failures: the surviving ranks agree on which members failed and return
+    /// the group of the others, in the same order. Every surviving rank must call it.
+    /// The new group has a communicator id of its own.
+    ///
+    /// The agreement: the lowest-ranked member not known to have failed coordinates;
+    /// every other survivor sends it the members it knows to have failed; it waits
+    /// for every member it does not know to have failed (learning of more failures as
+    /// its receives fail), and sends back the union. A member whose coordinator fails
+    /// moves on to the next one. Its messages use a communicator id of their own, so
+    /// shrink works on an aborted group.
+    ///
+    /// # Errors
+    /// A timeout naming the ranks that did not answer within the group's deadline; a
+    /// peer-failed error if the others counted this rank as failed; a protocol error
+    /// for a malformed message.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves this rank out of the agreement: the others then
+    /// wait for it until their deadline. Each call takes the next shrink number, so
+    /// call it again on every surviving rank to retry.
+    pub async fn shrink(&self) -> Result<Group<T>> {
+        let round = self.shrinks.fetch_add(1, Ordering::Relaxed) + 1;
+        let start = Instant::now();
+        let failed = crate::shrink::agree(self, round, start + self.timeout)
+            .await
+            .map_err(|e| e.in_op(OpKind::Shrink, Some(round)).at_rank(self.me))?;
+        let survivors: Vec<usize> = (0..self.size()).filter(|&r| !failed[r]).collect();
+        let gone: Vec<usize> = (0..self.size()).filter(|&r| failed[r]).collect();
+        let comm = crate::shrink::comm_id(self.comm, round, &failed);
+        tracing::info!(rank = self.me, round, failed = ?gone, size = survivors.len(), elapsed_ms = start.elapsed().as_millis() as u64, "shrunk");
+        Ok(self.subgroup(comm, &survivors).expect("the agreement keeps this rank"))
     }
 
     /// Why the group was aborted, if it was.

@@ -61,6 +61,7 @@ mod exchange;
 mod group;
 mod rooted;
 mod scan;
+mod shrink;
 
 use futures::future::try_join;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};

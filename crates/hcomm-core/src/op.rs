@@ -35,6 +35,8 @@ pub enum OpKind {
     ScatterV = 18,
     ReduceScatterV = 19,
     AllToAllV = 20,
+    /// Agreement of the surviving ranks on a new communicator after failures.
+    Shrink = 21,
 }
 
 impl OpKind {
@@ -60,11 +62,12 @@ impl OpKind {
             OpKind::ScatterV => "scatterv",
             OpKind::ReduceScatterV => "reduce_scatterv",
             OpKind::AllToAllV => "alltoallv",
+            OpKind::Shrink => "shrink",
         }
     }
 
     /// Every kind, in wire-code order (codes are contiguous from 1).
-    pub const ALL: [OpKind; 20] = {
+    pub const ALL: [OpKind; 21] = {
         use OpKind::*;
         [
             Send,
@@ -87,6 +90,7 @@ impl OpKind {
             ScatterV,
             ReduceScatterV,
             AllToAllV,
+            Shrink,
         ]
     };
 
@@ -155,8 +159,8 @@ mod tests {
                 assert_eq!(k as u8, code);
             }
         }
-        assert_eq!(OpKind::from_code(20), Some(OpKind::AllToAllV));
-        assert_eq!(OpKind::from_code(21), None);
+        assert_eq!(OpKind::from_code(21), Some(OpKind::Shrink));
+        assert_eq!(OpKind::from_code(22), None);
         for (i, k) in OpKind::ALL.iter().enumerate() {
             assert_eq!(*k as usize, i + 1, "{k} is out of order");
         }

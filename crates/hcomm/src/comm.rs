@@ -101,6 +101,31 @@ impl<T: LocalTransport> Communicator<T> {
         self.group.abort(reason).at_rank(self.rank())
     }
 
+    /// After a rank failed: the surviving ranks agree on which ranks failed and build
+    /// a communicator of the others (as MPI ULFM's `MPI_Comm_shrink` and NCCL's
+    /// `ncclCommShrink`), so that a job can carry on. Ranks keep their order; a
+    /// survivor's new rank is its old rank minus the failed ranks below it. Every
+    /// surviving rank must call it (typically after an operation failed with a
+    /// peer-failed error). It works on an aborted communicator too.
+    ///
+    /// A rank that fails *during* the shrink is noticed and left out; one that fails
+    /// after it is the next shrink's business.
+    ///
+    /// # Errors
+    /// A timeout naming the ranks that did not answer within the communicator's
+    /// deadline; a peer-failed error if the others counted this rank as failed (it is
+    /// not in their new communicator); a protocol error for a malformed message. The
+    /// error carries this rank, `shrink` and the shrink's number.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves this rank out of the agreement, and the others wait
+    /// for it until their deadline. This communicator is unaffected; retry by calling
+    /// `shrink` again on every surviving rank.
+    pub async fn shrink(&self) -> Result<Communicator<T>> {
+        let g = self.group.shrink().instrument(tracing::debug_span!("shrink", size = self.size())).await?;
+        Ok(Communicator::new(g, self.keep.clone()))
+    }
+
     /// Number of collectives called so far.
     pub fn collectives_called(&self) -> u64 {
         self.group.collectives_started()
