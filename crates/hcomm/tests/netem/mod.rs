@@ -1,0 +1,309 @@
+//! Emulated hosts for tests: Linux network namespaces joined by a relay in this
+//! process that adds delay, loss, bandwidth limits and cuts per path.
+//!
+//! Each host is a namespace with a TUN device `hc0` holding address 10.78.0.(i+1)/24.
+//! Every IP packet a host sends to another goes through [`Cluster`]'s relay threads,
+//! which look up the path (source host, destination host), drop the packet if the
+//! path is down or by the path's loss probability, and hand it to the destination's
+//! device after the path's delay (and, with a rate set, after the time the link takes
+//! to carry it, queued behind the path's earlier packets).
+//!
+//! Why not `tc netem`: this machine's kernel has neither `sch_netem` nor `sch_fq` nor
+//! `nft queue` (`tc qdisc add … netem` fails with "Specified qdisc kind is unknown"),
+//! and TUN devices it has. The relay gives the same controls, per path rather than per
+//! interface, and a test can change them while ranks run.
+//!
+//! Needs root (namespaces, TUN) and `ip` from iproute2; [`Cluster::new`] returns the
+//! reason when it cannot build the hosts, for the test to print and skip.
+
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The conditions of one direction of one path.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Path {
+    pub up: bool,
+    pub delay: Duration,
+    /// Probability that a packet is dropped.
+    pub loss: f64,
+    /// Bytes per second; `None` for unlimited.
+    pub rate: Option<f64>,
+}
+
+impl Default for Path {
+    fn default() -> Path {
+        Path { up: true, delay: Duration::ZERO, loss: 0.0, rate: None }
+    }
+}
+
+struct Packet {
+    at: Instant,
+    order: u64,
+    to: usize,
+    data: Vec<u8>,
+}
+
+impl PartialEq for Packet {
+    fn eq(&self, o: &Packet) -> bool {
+        (self.at, self.order) == (o.at, o.order)
+    }
+}
+impl Eq for Packet {}
+impl PartialOrd for Packet {
+    fn partial_cmp(&self, o: &Packet) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Packet {
+    // Earliest first out of the max-heap.
+    fn cmp(&self, o: &Packet) -> std::cmp::Ordering {
+        (o.at, o.order).cmp(&(self.at, self.order))
+    }
+}
+
+struct State {
+    paths: Vec<Vec<Path>>,
+    /// When each path's link is free again (for rates).
+    busy_until: Vec<Vec<Instant>>,
+    queue: BinaryHeap<Packet>,
+    order: u64,
+    /// Packets dropped by loss or a cut, and packets carried, per path.
+    dropped: Vec<Vec<u64>>,
+    carried: Vec<Vec<u64>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    stop: AtomicBool,
+    devices: Vec<OwnedFd>,
+}
+
+/// A set of emulated hosts. Dropping it stops the relay and deletes the namespaces.
+pub struct Cluster {
+    names: Vec<String>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+static CLUSTERS: AtomicUsize = AtomicUsize::new(0);
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("`ip {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Opens TUN device `hc0` inside namespace `ns` (on a thread of its own, which enters
+/// the namespace and then ends).
+fn open_tun(ns: &str) -> io::Result<OwnedFd> {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || -> io::Result<OwnedFd> {
+        let nsf = File::open(path)?;
+        // SAFETY: plain system calls on descriptors this function owns; `ifr` is an
+        // `ifreq` as the kernel lays it out (16 bytes of name, then the flags).
+        unsafe {
+            if libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let fd = OwnedFd::from_raw_fd(fd);
+            let mut ifr = [0u8; 40];
+            ifr[..3].copy_from_slice(b"hc0");
+            let flags: libc::c_short = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+            ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
+            if libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, ifr.as_mut_ptr()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(fd)
+        }
+    })
+    .join()
+    .expect("the namespace thread does not panic")
+}
+
+/// The address of host `i`.
+pub fn host_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 78, 0, i as u8 + 1)
+}
+
+impl Cluster {
+    /// `hosts` namespaces joined by the relay, every path up with no delay or loss.
+    /// `Err` says why they cannot be made here (not root, no `ip`, no TUN).
+    pub fn new(hosts: usize) -> Result<Cluster, String> {
+        assert!((1..200).contains(&hosts));
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(String::from("network namespaces need root"));
+        }
+        let id = CLUSTERS.fetch_add(1, Ordering::Relaxed);
+        let names: Vec<String> = (0..hosts).map(|h| format!("hc{}-{id}-h{h}", std::process::id())).collect();
+        let mut cluster = Cluster {
+            names: Vec::new(),
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    paths: vec![vec![Path::default(); hosts]; hosts],
+                    busy_until: vec![vec![Instant::now(); hosts]; hosts],
+                    queue: BinaryHeap::new(),
+                    order: 0,
+                    dropped: vec![vec![0; hosts]; hosts],
+                    carried: vec![vec![0; hosts]; hosts],
+                }),
+                wake: Condvar::new(),
+                stop: AtomicBool::new(false),
+                devices: Vec::new(),
+            }),
+            threads: Vec::new(),
+        };
+        let mut devices = Vec::new();
+        for (h, ns) in names.iter().enumerate() {
+            ip(&["netns", "add", ns])?;
+            cluster.names.push(ns.clone());
+            devices.push(open_tun(ns).map_err(|e| format!("cannot open a TUN device in {ns}: {e}"))?);
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            ip(&["-n", ns, "addr", "add", &format!("{}/24", host_ip(h)), "dev", "hc0"])?;
+            ip(&["-n", ns, "link", "set", "hc0", "up"])?;
+        }
+        Arc::get_mut(&mut cluster.shared).expect("no thread yet").devices = devices;
+        for h in 0..hosts {
+            let s = cluster.shared.clone();
+            cluster.threads.push(std::thread::spawn(move || receive(&s, h)));
+        }
+        let s = cluster.shared.clone();
+        cluster.threads.push(std::thread::spawn(move || deliver(&s)));
+        Ok(cluster)
+    }
+
+    /// Name of host `h`'s namespace.
+    pub fn ns(&self, h: usize) -> &str {
+        &self.names[h]
+    }
+
+    /// Sets every path.
+    pub fn set_all(&self, p: Path) {
+        let mut st = self.shared.state.lock().unwrap();
+        for row in &mut st.paths {
+            row.fill(p);
+        }
+    }
+
+    /// Cuts (or restores) every path of host `h`, both directions.
+    pub fn isolate(&self, h: usize, cut: bool) {
+        let mut st = self.shared.state.lock().unwrap();
+        let n = st.paths.len();
+        for o in 0..n {
+            st.paths[h][o].up = !cut;
+            st.paths[o][h].up = !cut;
+        }
+    }
+
+    /// Packets carried and dropped so far, over all paths.
+    pub fn counts(&self) -> (u64, u64) {
+        let st = self.shared.state.lock().unwrap();
+        (st.carried.iter().flatten().sum(), st.dropped.iter().flatten().sum())
+    }
+
+    /// A command that runs `program` inside host `h`.
+    pub fn command(&self, h: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", self.ns(h)]).arg(program);
+        c
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for ns in &self.names {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Reads host `h`'s outgoing packets and queues them on their path.
+fn receive(s: &Shared, h: usize) {
+    let fd = s.devices[h].as_raw_fd();
+    let mut buf = vec![0u8; 65536];
+    while !s.stop.load(Ordering::Acquire) {
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+            continue;
+        }
+        // SAFETY: reads into `buf`, within its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 20 || buf[0] >> 4 != 4 {
+            continue; // not IPv4 (the kernel's IPv6 chatter): dropped
+        }
+        let data = buf[..n as usize].to_vec();
+        let dst = Ipv4Addr::new(data[16], data[17], data[18], data[19]).octets();
+        let to = usize::from(dst[3]).wrapping_sub(1);
+        let mut st = s.state.lock().unwrap();
+        if dst[..3] != [10, 78, 0] || to >= st.paths.len() || to == h {
+            continue;
+        }
+        let p = st.paths[h][to];
+        if !p.up || (p.loss > 0.0 && rand::random::<f64>() < p.loss) {
+            st.dropped[h][to] += 1;
+            continue;
+        }
+        st.carried[h][to] += 1;
+        let now = Instant::now();
+        let sent = match p.rate {
+            Some(rate) => {
+                let start = st.busy_until[h][to].max(now);
+                let done = start + Duration::from_secs_f64(data.len() as f64 / rate);
+                st.busy_until[h][to] = done;
+                done
+            }
+            None => now,
+        };
+        st.order += 1;
+        let order = st.order;
+        st.queue.push(Packet { at: sent + p.delay, order, to, data });
+        drop(st);
+        s.wake.notify_one();
+    }
+}
+
+/// Hands queued packets to their destination when their time comes.
+fn deliver(s: &Shared) {
+    let mut st = s.state.lock().unwrap();
+    while !s.stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        match st.queue.peek() {
+            Some(p) if p.at <= now => {
+                let p = st.queue.pop().expect("peeked");
+                drop(st);
+                let fd = s.devices[p.to].as_raw_fd();
+                // SAFETY: writes `p.data`, within its length. A full device drops
+                // the packet, as a full link would.
+                unsafe { libc::write(fd, p.data.as_ptr().cast(), p.data.len()) };
+                st = s.state.lock().unwrap();
+            }
+            Some(p) => {
+                let wait = p.at - now;
+                st = s.wake.wait_timeout(st, wait).unwrap().0;
+            }
+            None => st = s.wake.wait_timeout(st, Duration::from_millis(50)).unwrap().0,
+        }
+    }
+}
