@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::comm::{Communicator, Keep};
 use crate::env::{LaunchEnv, duration_var};
+use crate::ifname::IfSpec;
 use crate::store::{StoreClient, StoreServer};
 
 /// Default deadline of each operation (`HCOMM_TIMEOUT`).
@@ -45,6 +46,9 @@ pub struct Config {
     pub stall_warn: Option<Duration>,
     /// Tuning of the TCP transports.
     pub stream: StreamOptions,
+    /// Which interface the mesh listener uses (`HCOMM_IFNAME`, see
+    /// [`crate::ifname`]); `None`: the one through which this rank reaches the store.
+    pub ifname: Option<IfSpec>,
     /// Ports the mesh listener may take (`HCOMM_PORT_RANGE=lo-hi`, inclusive);
     /// `None`: any free port.
     pub port_range: Option<(u16, u16)>,
@@ -92,6 +96,7 @@ impl Config {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             stall_warn: Some(hcomm_collectives::DEFAULT_STALL_WARN),
             port_range: None,
+            ifname: None,
             stream: StreamOptions::default(),
             serve_store: true,
             tuning_from_env: false,
@@ -124,6 +129,9 @@ impl Config {
         }
         if let Ok(v) = std::env::var("HCOMM_PEER_TIMEOUT") {
             c.stream.peer_timeout = parse_off_or_seconds("HCOMM_PEER_TIMEOUT", &v, "peer failure detection")?;
+        }
+        if let Ok(v) = std::env::var("HCOMM_IFNAME") {
+            c.ifname = Some(IfSpec::parse(&v)?);
         }
         if let Ok(v) = std::env::var("HCOMM_PORT_RANGE") {
             c.port_range = Some(parse_port_range(&v)?);
@@ -211,7 +219,14 @@ impl Config {
         }
         let mut store =
             StoreClient::connect(&self.addr, &key, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
-        let ip = store.local_addr()?.ip();
+        let via = store.local_addr()?.ip();
+        let ip = match &self.ifname {
+            Some(spec) => spec.choose(&crate::ifname::interfaces()?, via).map_err(|e| e.at_rank(rank))?,
+            None => via,
+        };
+        if ip != via {
+            tracing::debug!(rank, %ip, %via, "HCOMM_IFNAME chose another address than the store's route");
+        }
         let listener = bind_listener(ip, self.port_range).await.map_err(|e| e.at_rank(rank))?;
         let me = RankInfo {
             addr: listener.local_addr().map_err(|e| Error::io("listener address", e))?,

@@ -43,6 +43,7 @@
 mod bootstrap;
 mod comm;
 pub mod env;
+pub mod ifname;
 pub mod launch;
 pub mod stats;
 pub mod store;

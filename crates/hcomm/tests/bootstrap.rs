@@ -192,3 +192,32 @@ async fn listeners_take_their_ports_from_the_range() {
     let e = c.connect().await.unwrap_err();
     assert!(e.to_string().contains(&format!("no free port on 127.0.0.1 in HCOMM_PORT_RANGE {base}-{base}")), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hcomm_ifname_chooses_the_listener_or_says_why_not() {
+    use hcomm::ifname::IfSpec;
+    // Loopback, by name and by network: the job runs.
+    for spec in ["lo", "127.0.0.0/8,^docker*"] {
+        let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash("ifname"), 2).await.unwrap();
+        let cs: Vec<Config> = configs(2, store.addr(), "ifname")
+            .into_iter()
+            .map(|mut c| {
+                c.ifname = Some(IfSpec::parse(spec).unwrap());
+                c
+            })
+            .collect();
+        let comms = futures::future::try_join_all(cs.into_iter().map(Config::connect)).await.unwrap();
+        check_allreduce::<_, f32>(&comms, 100, ReduceOp::Sum, 3).await;
+    }
+    // Nothing matches: a configuration error that lists the interfaces, no fallback.
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash("noif"), 1).await.unwrap();
+    let mut c = configs(1, store.addr(), "noif").remove(0);
+    c.ifname = Some(IfSpec::parse("nosuchif*").unwrap());
+    let e = c.connect().await.unwrap_err();
+    assert_eq!(e.kind(), hcomm::ErrorKind::Config, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("HCOMM_IFNAME=\"nosuchif*\" matches no interface") && text.contains("lo 127.0.0.1"),
+        "{text}"
+    );
+}

@@ -178,14 +178,14 @@ fn allreduces_complete_on_a_slow_lossy_network() {
 }
 
 fn start_lossy(c: &Cluster, ready: &Path) -> Vec<Child> {
-    start(c, "lossy", ready, &[("HCOMM_PEER_TIMEOUT", "10")])
+    start(c, "lossy", ready, &[("HCOMM_PEER_TIMEOUT", "10"), ("HCOMM_IFNAME", "hc*")])
 }
 
 #[test]
 fn a_host_cut_off_is_failed_within_a_second() {
     let Some(c) = cluster() else { return };
     let ready = ready_file("cut");
-    let children = start(&c, "cut", &ready, &[]);
+    let children = start(&c, "cut", &ready, &[("HCOMM_IFNAME", "10.78.0.0/24,^lo")]);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ready.exists() {
         assert!(Instant::now() < deadline, "the ranks never got going");
