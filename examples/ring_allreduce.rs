@@ -1,10 +1,10 @@
 //! Ring allreduce across N local ranks, verified element by element.
 //!
 //! ```text
-//! cargo run --release --example ring_allreduce -- [--ranks 4] [--bytes 16M] [--transport tcp|uring|mem] [--iters 20]
+//! cargo run --release --example ring_allreduce -- [--ranks 4] [--bytes 16M] [--transport tcp|uring|shm|mem] [--iters 20]
 //! ```
 //!
-//! Started by hand, it launches `--ranks` copies of itself as processes (tcp, uring) or
+//! Started by hand, it launches `--ranks` copies of itself as processes (tcp, uring, shm) or
 //! runs the ranks as tasks of one process (mem). Started by a launcher (`hcomm run`,
 //! `mpirun`, `srun`, `torchrun`), it is one rank and takes rank, size and rendezvous
 //! from the environment.
@@ -25,8 +25,13 @@ mod common;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Kind {
+    /// TCP on tokio to every peer (shared memory off).
     Tcp,
+    /// TCP on io_uring to every peer.
     Uring,
+    /// Shared-memory rings to the peers on this host (the default of `hcomm::init`).
+    Shm,
+    /// Ranks as tasks of one process.
     Mem,
 }
 
@@ -125,14 +130,16 @@ fn as_rank(args: &Args) {
         }
     };
     match args.transport {
-        Kind::Tcp => {
-            rank_runtime().block_on(async { run(hcomm::init().await.unwrap_or_else(|e| fail(e))).await });
-        }
+        Kind::Tcp | Kind::Shm => rank_runtime().block_on(async {
+            let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
+            cfg.shm = args.transport == Kind::Shm;
+            run(cfg.connect().await.unwrap_or_else(|e| fail(e))).await
+        }),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         Kind::Uring => tokio_uring::start(async {
-            let comm =
-                hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_uring().await.unwrap_or_else(|e| fail(e));
-            run(comm).await
+            let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
+            cfg.shm = false;
+            run(cfg.connect_uring().await.unwrap_or_else(|e| fail(e))).await
         }),
         #[cfg(not(all(feature = "uring", target_os = "linux")))]
         Kind::Uring => fail("this build has no io_uring transport (Linux, feature `uring`)"),
@@ -171,6 +178,6 @@ fn main() {
                 report(args.ranks, "mem", "tasks in one process", &args, &mut all[0]);
             });
         }
-        Kind::Tcp | Kind::Uring => launch_self(args.ranks),
+        Kind::Tcp | Kind::Uring | Kind::Shm => launch_self(args.ranks),
     }
 }

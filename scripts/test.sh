@@ -30,6 +30,7 @@ check() {
 
 check "hcomm run -n 4 (tcp)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3
 check "hcomm run -n 4 (uring)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3 --transport uring
+check "hcomm run -n 4 (shm)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3 --transport shm
 check "ring_allreduce --transport mem" "$ex" --bytes 4M --iters 3 --transport mem
 check "hcomm run -n 3, HCOMM_ALGO_ALLREDUCE=rabenseifner" env HCOMM_ALGO_ALLREDUCE=rabenseifner "$bin" run -n 3 -- "$ex" --bytes 1M --iters 3 --algo auto
 cargo build --release --example overlap --example algo_sweep

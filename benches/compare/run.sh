@@ -28,20 +28,21 @@ echo "loopback TCP (iperf3, 1 stream, 3 s): $bw GB/s"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r)"
 echo "date: $(date -u +%F), iterations: $iters (median)"
 echo
-echo "| ranks | bytes | HComm tcp ms | HComm uring ms | OpenMPI tcp ms | OpenMPI default (sm) ms | HComm tcp / OpenMPI tcp | HComm uring / OpenMPI tcp | ring bound at loopback bw ms |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| ranks | bytes | HComm tcp ms | HComm uring ms | HComm shm ms | OpenMPI tcp ms | OpenMPI default (sm) ms | HComm tcp / OpenMPI tcp | HComm uring / OpenMPI tcp | HComm shm / OpenMPI sm | ring bound at loopback bw ms |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for n in 2 4; do
     for bytes in 8 65536 1048576 16777216; do
         h_tcp=$($hc run -n $n --no-prefix -- $ex --bytes $bytes --iters $iters | sed -n 's/.*time median \([0-9.]*\) ms.*/\1/p')
         h_ur=$($hc run -n $n --no-prefix -- $ex --bytes $bytes --iters $iters --transport uring | sed -n 's/.*time median \([0-9.]*\) ms.*/\1/p')
+        h_sm=$($hc run -n $n --no-prefix -- $ex --bytes $bytes --iters $iters --transport shm | sed -n 's/.*time median \([0-9.]*\) ms.*/\1/p')
         m_tcp=$(mpirun --oversubscribe -n $n --mca btl self,tcp --mca mpi_yield_when_idle 1 $out/mpi_allreduce $bytes $iters | sed -n 's/median_ms //p')
         m_sm=$(mpirun --oversubscribe -n $n --mca mpi_yield_when_idle 1 $out/mpi_allreduce $bytes $iters | sed -n 's/median_ms //p')
-        python3 - "$n" "$bytes" "$h_tcp" "$h_ur" "$m_tcp" "$m_sm" "$bw" <<'PY'
+        python3 - "$n" "$bytes" "$h_tcp" "$h_ur" "$h_sm" "$m_tcp" "$m_sm" "$bw" <<'PY'
 import sys
 n, b = int(sys.argv[1]), int(sys.argv[2])
-ht, hu, mt, ms, bw = map(float, sys.argv[3:])
+ht, hu, hs, mt, ms, bw = map(float, sys.argv[3:])
 bound = 2 * (n - 1) / n * b / (bw * 1e9) * 1e3
-print(f"| {n} | {b} | {ht:.3f} | {hu:.3f} | {mt:.3f} | {ms:.3f} | {ht/mt:.2f} | {hu/mt:.2f} | {bound:.3f} |")
+print(f"| {n} | {b} | {ht:.3f} | {hu:.3f} | {hs:.3f} | {mt:.3f} | {ms:.3f} | {ht/mt:.2f} | {hu/mt:.2f} | {hs/ms:.2f} | {bound:.3f} |")
 PY
     done
 done

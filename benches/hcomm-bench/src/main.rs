@@ -1,7 +1,7 @@
 //! `hcomm-bench`: OSU / nccl-tests style measurements of HComm.
 //!
 //! ```text
-//! cargo run --release -p hcomm-bench -- [--ranks 2] [--transport tcp|uring|mem]
+//! cargo run --release -p hcomm-bench -- [--ranks 2] [--transport tcp|uring|shm|mem]
 //!     [--ops latency,bw,allreduce,broadcast,allgather,reduce_scatter,alltoall]
 //!     [--min 4] [--max 64M] [--iters N] [--warmup N] [--window 64]
 //!     [--algo allreduce=ring] [--csv out.csv] [--json out.json]
@@ -36,10 +36,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Parser, Debug, Clone)]
 #[command(name = "hcomm-bench", about = "HComm latency, bandwidth and collectives over message sizes")]
 struct Args {
-    /// Ranks (processes for tcp and uring, tasks for mem).
+    /// Ranks (processes for tcp, uring and shm, tasks for mem).
     #[arg(long, default_value_t = 2)]
     ranks: usize,
-    /// tcp, uring or mem.
+    /// tcp, uring, shm (shared memory to the peers on this host) or mem.
     #[arg(long, default_value = "tcp")]
     transport: String,
     /// Comma-separated: latency, bw, allreduce, broadcast, allgather, reduce_scatter,
@@ -569,8 +569,10 @@ fn main() {
             let rows: Vec<Vec<Row>> = rows.into_iter().map(|r| r.unwrap_or_else(|e| fail(e))).collect();
             finish(&a, "tasks in one process", rows.into_iter().next().unwrap_or_default());
         }),
-        ("tcp", true) => runtime().block_on(async {
-            let comm = hcomm::init().await.unwrap_or_else(|e| fail(e));
+        ("tcp" | "shm", true) => runtime().block_on(async {
+            let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
+            cfg.shm = a.transport == "shm";
+            let comm = cfg.connect().await.unwrap_or_else(|e| fail(e));
             let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
             if comm.rank() == 0 {
                 finish(&a, "processes", rows);
@@ -578,14 +580,15 @@ fn main() {
         }),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         ("uring", true) => tokio_uring::start(async {
-            let comm =
-                hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_uring().await.unwrap_or_else(|e| fail(e));
+            let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
+            cfg.shm = false;
+            let comm = cfg.connect_uring().await.unwrap_or_else(|e| fail(e));
             let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
             if comm.rank() == 0 {
                 finish(&a, "processes", rows);
             }
         }),
-        ("tcp" | "uring", false) => {
+        ("tcp" | "uring" | "shm", false) => {
             let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
             let launch = hcomm::launch::Launch {
                 ranks: a.ranks,
@@ -597,6 +600,6 @@ fn main() {
             let out = runtime().block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
             std::process::exit(out.code);
         }
-        (other, _) => fail(format!("unknown or unavailable transport {other:?} (tcp, uring, mem)")),
+        (other, _) => fail(format!("unknown or unavailable transport {other:?} (tcp, uring, shm, mem)")),
     }
 }

@@ -4,17 +4,21 @@
 //! - [`StreamTransport`]: TCP over a full mesh, driven by tokio sockets
 //!   ([`StreamTransport::tokio`]) or by io_uring through tokio-uring
 //!   ([`StreamTransport::uring`], cargo feature `uring`, on by default, Linux only).
+//! - [`shm`]: shared-memory links to peers on the same host, used by
+//!   [`StreamTransport`] in place of their TCP connection (which stays as doorbell).
 //! - [`connect_mesh`]: the authenticated-by-job handshake and full-mesh connection
 //!   setup that the TCP transports start from.
 
 mod connect;
 mod framing;
 mod mem;
+pub mod shm;
 mod stream;
 
 pub use connect::{MeshOptions, connect_mesh};
 pub use mem::MemTransport;
-pub use stream::{StreamOptions, StreamTransport};
+pub use shm::{ShmOptions, ShmPair};
+pub use stream::{PeerLink, StreamOptions, StreamTransport};
 
 /// Entry points for the fuzz targets in `fuzz/` (not a stable API).
 #[doc(hidden)]

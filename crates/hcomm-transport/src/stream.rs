@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 use crate::framing::{Assembler, Outgoing, WriteQueue};
+use crate::shm::{ShmOptions, ShmPair};
 
 /// Tuning of the stream transports.
 #[derive(Debug, Clone)]
@@ -50,6 +51,16 @@ pub struct StreamOptions {
     /// such pause. This rank's own pauses are harmless: the check skips a round in
     /// which it was itself late.
     pub peer_timeout: Option<Duration>,
+    /// Shared-memory links (see [`crate::shm`]): ring size, spin before parking.
+    pub shm: ShmOptions,
+}
+
+/// How a transport reaches one peer: a TCP connection (`S`: a tokio or a std socket,
+/// as the backend takes), or shared-memory rings with the connection as doorbell.
+#[derive(Debug)]
+pub enum PeerLink<S> {
+    Tcp(S),
+    Shm(ShmPair, tokio::net::TcpStream),
 }
 
 /// Default of [`StreamOptions::peer_timeout`] (`HCOMM_PEER_TIMEOUT`).
@@ -57,8 +68,14 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_millis(600);
 
 impl Default for StreamOptions {
     fn default() -> StreamOptions {
-        StreamOptions { fragment: 512 << 10, peer_timeout: Some(DEFAULT_PEER_TIMEOUT) }
+        StreamOptions { fragment: 512 << 10, peer_timeout: Some(DEFAULT_PEER_TIMEOUT), shm: ShmOptions::default() }
     }
+}
+
+/// `shm` when every peer is reached through shared memory, else `backend`.
+fn name_of<S>(links: &[Option<PeerLink<S>>], backend: &'static str) -> &'static str {
+    let mut peers = links.iter().flatten().peekable();
+    if peers.peek().is_some() && peers.all(|l| matches!(l, PeerLink::Shm(..))) { "shm" } else { backend }
 }
 
 /// When each peer was last heard from, and the tasks that serve it.
@@ -238,14 +255,36 @@ impl StreamTransport {
     /// one writer task per peer with `tokio::spawn`, so it must be called inside a
     /// tokio runtime.
     pub fn tokio(rank: Rank, streams: Vec<Option<tokio::net::TcpStream>>, opts: &StreamOptions) -> StreamTransport {
-        let (t, rxs) = StreamTransport::new(rank, streams.len(), "tcp");
+        StreamTransport::tokio_links(rank, streams.into_iter().map(|s| s.map(PeerLink::Tcp)).collect(), opts)
+    }
+
+    /// As [`StreamTransport::tokio`], with a shared-memory link to the peers that
+    /// have one (from [`crate::shm::negotiate`]).
+    pub fn tokio_links(
+        rank: Rank,
+        links: Vec<Option<PeerLink<tokio::net::TcpStream>>>,
+        opts: &StreamOptions,
+    ) -> StreamTransport {
+        let (t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
-        for (peer, (s, rx)) in streams.into_iter().zip(rxs).enumerate() {
-            let (Some(s), Some(rx)) = (s, rx) else { continue };
-            let (rd, wr) = s.into_split();
-            let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
-            let w = tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
-            t.shared.tasks.lock()[peer] = vec![r.abort_handle(), w.abort_handle()];
+        for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
+            let (Some(link), Some(rx)) = (link, rx) else { continue };
+            let tasks = match link {
+                PeerLink::Tcp(s) => {
+                    let (rd, wr) = s.into_split();
+                    let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
+                    let w = tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
+                    vec![r.abort_handle(), w.abort_handle()]
+                }
+                PeerLink::Shm(pair, s) => {
+                    let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
+                    let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
+                    let w = tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
+                    let b = tokio::spawn(bell);
+                    vec![r.abort_handle(), w.abort_handle(), b.abort_handle()]
+                }
+            };
+            t.shared.tasks.lock()[peer] = tasks;
         }
         if let Some(timeout) = opts.peer_timeout {
             tokio::spawn(watchdog(t.shared.clone(), rank, timeout));
@@ -258,21 +297,44 @@ impl StreamTransport {
     /// `tokio_uring::start`; the tasks are spawned with `tokio_uring::spawn`.
     #[cfg(all(feature = "uring", target_os = "linux"))]
     pub fn uring(rank: Rank, streams: Vec<Option<std::net::TcpStream>>, opts: &StreamOptions) -> StreamTransport {
-        let (t, rxs) = StreamTransport::new(rank, streams.len(), "uring");
+        StreamTransport::uring_links(rank, streams.into_iter().map(|s| s.map(PeerLink::Tcp)).collect(), opts)
+    }
+
+    /// As [`StreamTransport::uring`], with a shared-memory link to the peers that
+    /// have one (their doorbell connections stay tokio sockets).
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    pub fn uring_links(
+        rank: Rank,
+        links: Vec<Option<PeerLink<std::net::TcpStream>>>,
+        opts: &StreamOptions,
+    ) -> StreamTransport {
+        let (t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "uring"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
-        for (peer, (s, rx)) in streams.into_iter().zip(rxs).enumerate() {
-            let (Some(s), Some(rx)) = (s, rx) else { continue };
-            let s = std::rc::Rc::new(tokio_uring::net::TcpStream::from_std(s));
-            let r = tokio_uring::spawn(read_loop(uring_io::UringLink(s.clone()), peer, t.shared.clone()));
-            let w = tokio_uring::spawn(write_loop(
-                uring_io::UringLink(s),
-                rx,
-                peer,
-                t.mailbox.clone(),
-                opts.fragment,
-                heartbeat,
-            ));
-            t.shared.tasks.lock()[peer] = vec![r.abort_handle(), w.abort_handle()];
+        for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
+            let (Some(link), Some(rx)) = (link, rx) else { continue };
+            let tasks = match link {
+                PeerLink::Tcp(s) => {
+                    let s = std::rc::Rc::new(tokio_uring::net::TcpStream::from_std(s));
+                    let r = tokio_uring::spawn(read_loop(uring_io::UringLink(s.clone()), peer, t.shared.clone()));
+                    let w = tokio_uring::spawn(write_loop(
+                        uring_io::UringLink(s),
+                        rx,
+                        peer,
+                        t.mailbox.clone(),
+                        opts.fragment,
+                        heartbeat,
+                    ));
+                    vec![r.abort_handle(), w.abort_handle()]
+                }
+                PeerLink::Shm(pair, s) => {
+                    let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
+                    let r = tokio_uring::spawn(read_loop(rd, peer, t.shared.clone()));
+                    let w = tokio_uring::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
+                    let b = tokio_uring::spawn(bell);
+                    vec![r.abort_handle(), w.abort_handle(), b.abort_handle()]
+                }
+            };
+            t.shared.tasks.lock()[peer] = tasks;
         }
         if let Some(timeout) = opts.peer_timeout {
             tokio_uring::spawn(watchdog(t.shared.clone(), rank, timeout));
@@ -377,13 +439,13 @@ impl Drop for StreamTransport {
 
 /// The receiving I/O a backend provides to the shared read loop. Buffers are passed
 /// by value and handed back, as io_uring needs.
-trait ReadLink {
+pub(crate) trait ReadLink {
     /// Reads more bytes, appending them to `buf` (within its spare capacity).
     async fn read(&mut self, buf: BytesMut) -> (std::io::Result<usize>, BytesMut);
 }
 
 /// The sending I/O a backend provides to the shared write loop.
-trait WriteLink {
+pub(crate) trait WriteLink {
     /// Writes all of `batch`, then all of `big`; hands `batch` back.
     async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut);
     /// Ends the sending direction.

@@ -8,13 +8,13 @@ use hcomm_collectives::{Group, Tuning};
 use hcomm_core::JobKey;
 use hcomm_core::{Error, ErrorKind, LocalTransport, OpKind, Result};
 use hcomm_topology::{Topology, host_identity};
-use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh};
+use hcomm_transport::{MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh, shm};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::comm::{Communicator, Keep};
-use crate::env::{LaunchEnv, duration_var};
+use crate::env::{LaunchEnv, duration_var, size_var};
 use crate::ifname::IfSpec;
 use crate::store::{StoreClient, StoreServer};
 
@@ -52,6 +52,9 @@ pub struct Config {
     /// Ports the mesh listener may take (`HCOMM_PORT_RANGE=lo-hi`, inclusive);
     /// `None`: any free port.
     pub port_range: Option<(u16, u16)>,
+    /// Whether peers on this host are reached through shared memory (`HCOMM_SHM`,
+    /// default on; see `hcomm_transport::shm`). Off, every peer is reached over TCP.
+    pub shm: bool,
     /// Whether rank 0 serves the store (off when the caller runs one).
     pub serve_store: bool,
     /// Read the algorithm tuning from the environment (`HCOMM_ALGO_ALLREDUCE`,
@@ -97,6 +100,7 @@ impl Config {
             stall_warn: Some(hcomm_collectives::DEFAULT_STALL_WARN),
             port_range: None,
             ifname: None,
+            shm: true,
             stream: StreamOptions::default(),
             serve_store: true,
             tuning_from_env: false,
@@ -130,6 +134,24 @@ impl Config {
         if let Ok(v) = std::env::var("HCOMM_PEER_TIMEOUT") {
             c.stream.peer_timeout = parse_off_or_seconds("HCOMM_PEER_TIMEOUT", &v, "peer failure detection")?;
         }
+        if let Ok(v) = std::env::var("HCOMM_SHM") {
+            c.shm = match v.trim() {
+                "1" | "on" | "yes" => true,
+                "0" | "off" | "no" => false,
+                _ => return Err(Error::config(format!("HCOMM_SHM={v:?} is not 1 or 0"))),
+            };
+        }
+        if let Some(r) = size_var("HCOMM_SHM_RING")? {
+            if !(64 << 10..=1 << 30).contains(&r) {
+                return Err(Error::config(format!("HCOMM_SHM_RING={r} is outside 64K..1G")));
+            }
+            c.stream.shm.ring = r;
+        }
+        if let Ok(v) = std::env::var("HCOMM_SHM_SPIN_US") {
+            let us: u64 =
+                v.trim().parse().map_err(|_| Error::config(format!("HCOMM_SHM_SPIN_US={v:?} is not a number")))?;
+            c.stream.shm.spin = Duration::from_micros(us);
+        }
         if let Ok(v) = std::env::var("HCOMM_IFNAME") {
             c.ifname = Some(IfSpec::parse(&v)?);
         }
@@ -155,8 +177,39 @@ impl Config {
     /// without this rank.
     pub async fn connect(self) -> Result<Communicator<StreamTransport>> {
         let (streams, hosts, keep) = self.rendezvous().await?;
-        let t = StreamTransport::tokio(self.rank, streams, &self.stream);
+        let links = self.shared_memory(streams, &hosts).await?;
+        let t = StreamTransport::tokio_links(self.rank, links, &self.stream);
         self.finish(t, &hosts, keep)
+    }
+
+    /// Replaces the connections to peers on this host by shared-memory links, where
+    /// both ends manage (`Config::shm`).
+    async fn shared_memory(
+        &self,
+        streams: Vec<Option<TcpStream>>,
+        hosts: &[String],
+    ) -> Result<Vec<Option<PeerLink<TcpStream>>>> {
+        let (rank, job) = (self.rank, job_hash(&self.job_id));
+        let opts = self.stream.shm.clone();
+        let links = streams.into_iter().enumerate().map(|(peer, s)| {
+            let local = self.shm && hosts.get(peer) == hosts.get(rank);
+            let opts = &opts;
+            async move {
+                let Some(mut s) = s else { return Ok(None) };
+                if !local {
+                    return Ok(Some(PeerLink::Tcp(s)));
+                }
+                let pair = tokio::time::timeout(self.connect_timeout, shm::negotiate(&mut s, rank, peer, job, opts))
+                    .await
+                    .map_err(|_| boot(rank, format!("rank {peer} did not set up shared memory in time")))?
+                    .map_err(|e| boot(rank, format!("setting up shared memory with rank {peer}")).with_source(e))?;
+                Ok(Some(match pair {
+                    Some(p) => PeerLink::Shm(p, s),
+                    None => PeerLink::Tcp(s),
+                }))
+            }
+        });
+        futures::future::try_join_all(links).await
     }
 
     /// Connects over TCP driven by io_uring. Must run inside `tokio_uring::start`.
@@ -169,12 +222,18 @@ impl Config {
     #[cfg(all(feature = "uring", target_os = "linux"))]
     pub async fn connect_uring(self) -> Result<Communicator<StreamTransport>> {
         let (streams, hosts, keep) = self.rendezvous().await?;
-        let streams = streams
+        let links = self
+            .shared_memory(streams, &hosts)
+            .await?
             .into_iter()
-            .map(|s| s.map(|s| s.into_std()).transpose())
+            .map(|l| match l {
+                Some(PeerLink::Tcp(s)) => s.into_std().map(|s| Some(PeerLink::Tcp(s))),
+                Some(PeerLink::Shm(p, s)) => Ok(Some(PeerLink::Shm(p, s))),
+                None => Ok(None),
+            })
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| Error::io("handing a socket to io_uring", e))?;
-        let t = StreamTransport::uring(self.rank, streams, &self.stream);
+        let t = StreamTransport::uring_links(self.rank, links, &self.stream);
         self.finish(t, &hosts, keep)
     }
 
@@ -284,6 +343,8 @@ pub(crate) async fn local_configs(n: usize) -> Result<(StoreServer, Vec<Config>)
             c.job_id = job_id.clone();
             c.secret = Some(secret.clone());
             c.serve_store = false;
+            // In one process every peer is local: TCP unless asked otherwise.
+            c.shm = false;
             c
         })
         .collect();

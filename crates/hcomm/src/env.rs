@@ -177,6 +177,32 @@ impl LaunchEnv {
     }
 }
 
+/// A byte count with an optional `K`, `M` or `G` suffix (binary multiples): `4M`,
+/// `512K`, `65536`.
+pub fn parse_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (num, shift) = match t.as_bytes().last()? {
+        b'K' | b'k' => (&t[..t.len() - 1], 10),
+        b'M' | b'm' => (&t[..t.len() - 1], 20),
+        b'G' | b'g' => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    num.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+/// A size variable (see [`parse_size`]); `None` when unset.
+///
+/// # Errors
+/// A configuration error naming the variable when it is not a size.
+pub fn size_var(var: &str) -> Result<Option<usize>> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
+        Ok(v) => parse_size(&v)
+            .map(Some)
+            .ok_or_else(|| Error::config(format!("{var}={v:?} is not a size such as 4M, 512K or 65536"))),
+    }
+}
+
 /// A duration from a variable holding seconds (fractions allowed); `None` if unset.
 ///
 /// # Errors

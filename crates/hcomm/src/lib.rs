@@ -115,6 +115,23 @@ pub async fn local_tcp(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
     Ok(bootstrap::attach_store(comms, store))
 }
 
+/// `n` communicators of one job in this process, connected through shared-memory
+/// rings (`hcomm_transport::shm`), as ranks on one host are by default. Must run
+/// inside a tokio runtime.
+///
+/// # Errors
+/// As [`Config::connect`].
+pub async fn local_shm(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
+    stats::install_from_env()?;
+    let (store, configs) = bootstrap::local_configs(n).await?;
+    let comms = futures::future::try_join_all(configs.into_iter().map(|mut c| {
+        c.shm = true;
+        c.connect()
+    }))
+    .await?;
+    Ok(bootstrap::attach_store(comms, store))
+}
+
 /// `n` communicators of one job in this process, connected over loopback TCP driven
 /// by io_uring. Must run inside `tokio_uring::start`.
 ///

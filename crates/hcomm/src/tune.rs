@@ -50,14 +50,7 @@ pub(crate) fn options_from_env(get: impl Fn(&str) -> Option<String>) -> Result<O
         "1" => return Ok(Some(TuneOptions::default())),
         _ => {}
     }
-    let (num, shift) = match t.as_bytes()[t.len() - 1] {
-        b'K' | b'k' => (&t[..t.len() - 1], 10),
-        b'M' | b'm' => (&t[..t.len() - 1], 20),
-        b'G' | b'g' => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let n: usize = num.parse().map_err(|_| bad())?;
-    let max_bytes = n.checked_mul(1 << shift).filter(|&b| b >= 8).ok_or_else(bad)?;
+    let max_bytes = crate::env::parse_size(t).filter(|&b| b >= 8).ok_or_else(bad)?;
     Ok(Some(TuneOptions { max_bytes, ..TuneOptions::default() }))
 }
 

@@ -1,4 +1,4 @@
-//! The collectives over loopback TCP (tokio and io_uring), a smaller matrix than over
+//! The collectives over loopback TCP (tokio and io_uring) and shared memory, a smaller matrix than over
 //! the in-process transport, and 64 collectives of different kinds in flight at once.
 
 mod common;
@@ -114,6 +114,16 @@ async fn tcp_collectives() {
         suite(&hcomm::local_tcp(n).await.unwrap()).await;
     }
     let mut comms = hcomm::local_tcp(4).await.unwrap();
+    mixed_in_flight(&comms).await;
+    mismatched_rooted(&mut comms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_collectives() {
+    for n in [2, 3, 5, 8] {
+        suite(&hcomm::local_shm(n).await.unwrap()).await;
+    }
+    let mut comms = hcomm::local_shm(4).await.unwrap();
     mixed_in_flight(&comms).await;
     mismatched_rooted(&mut comms).await;
 }

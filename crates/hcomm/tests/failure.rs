@@ -1,5 +1,5 @@
 //! A rank that dies (SIGKILL) or hangs (SIGSTOP) in the middle of a stream of
-//! allreduces, over TCP and io_uring: the three others get a peer-failed error naming
+//! allreduces, over TCP, io_uring and shared memory: the three others get a peer-failed error naming
 //! it within a second, then `shrink()` and complete an allreduce among themselves.
 //!
 //! The ranks are processes: this test binary itself, running the ignored
@@ -85,8 +85,11 @@ fn failure_rank() {
             let comm = hcomm::Config::from_env().unwrap().connect_uring().await.unwrap();
             rank_body(comm, &mode, &stamp).await;
         }),
-        _ => tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-            let comm = hcomm::Config::from_env().unwrap().connect().await.unwrap();
+        t => tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+            let mut cfg = hcomm::Config::from_env().unwrap();
+            cfg.shm = t == "shm";
+            let comm = cfg.connect().await.unwrap();
+            assert_eq!(comm.transport_name(), t);
             rank_body(comm, &mode, &stamp).await;
         }),
     }
@@ -176,6 +179,16 @@ fn killed_rank_tcp() {
 #[test]
 fn hung_rank_tcp() {
     detects_within_a_second("tcp", "stop");
+}
+
+#[test]
+fn killed_rank_shm() {
+    detects_within_a_second("shm", "kill");
+}
+
+#[test]
+fn hung_rank_shm() {
+    detects_within_a_second("shm", "stop");
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]

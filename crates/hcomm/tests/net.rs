@@ -81,3 +81,30 @@ fn uring_ranks_1_to_8_in_flight_and_mismatch() {
         mismatch(&mut comms).await;
     });
 }
+
+/// The same suite over shared-memory rings (the TCP connections only ring doorbells),
+/// where messages of several MB wrap and fill the 4 MiB rings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_ranks_1_to_8_in_flight_mismatch_and_close() {
+    for n in 1..=8 {
+        let comms = hcomm::local_shm(n).await.unwrap();
+        if n > 1 {
+            assert_eq!(comms[0].transport_name(), "shm");
+        }
+        suite(&comms).await;
+    }
+    let mut comms = hcomm::local_shm(4).await.unwrap();
+    hundred_in_flight(&comms).await;
+    mismatch(&mut comms).await;
+    // A peer that goes: its close frame comes through the ring.
+    let mut comms = hcomm::local_shm(3).await.unwrap();
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
+    drop(comms.pop());
+    let mut bufs = vec![vec![1.0f32; 1000]; 2];
+    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum))).await;
+    for e in res {
+        let e = e.unwrap_err();
+        assert!(e.is_peer_failed(), "{e}");
+        assert_eq!(e.peer(), Some(2), "{e}");
+    }
+}
