@@ -367,6 +367,10 @@ impl ReadLink for ShmRead {
                 if self.ring.u32_at(WRITER_WAITS).swap(0, Ordering::SeqCst) == 1 {
                     self.bell.ring(DOORBELL_SPACE);
                 }
+                // A ring that always has data never makes this future wait: take
+                // part in tokio's cooperative budget, so that the executor's other
+                // tasks (the heartbeat writer among them) still run.
+                tokio::task::coop::consume_budget().await;
                 return (Ok(n), buf);
             }
             if spin_until(self.spin, || self.ring.readable() > 0).await {
@@ -420,6 +424,8 @@ impl ShmWrite {
                     if self.ring.u32_at(READER_WAITS).swap(0, Ordering::SeqCst) == 1 {
                         self.bell.ring(DOORBELL_DATA);
                     }
+                    // As in `read`: never monopolise the executor.
+                    tokio::task::coop::consume_budget().await;
                     continue;
                 }
                 if spin_until(self.spin, || self.ring.writable() > 0).await {
