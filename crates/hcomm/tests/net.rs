@@ -52,19 +52,24 @@ async fn tcp_in_flight_and_mismatch() {
     mismatch(&mut comms).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_peer_that_closes_fails_pending_operations() {
-    let mut comms = hcomm::local_tcp(3).await.unwrap();
+/// The last rank's communicator goes: an allreduce of the others fails with a
+/// peer-failed error naming it, on each of them.
+async fn peer_that_closes<T: LocalTransport>(mut comms: Vec<Communicator<T>>) {
     comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
-    let gone = comms.pop().unwrap();
-    drop(gone);
+    let gone = comms.len() - 1;
+    drop(comms.pop());
     let mut bufs = vec![vec![1.0f32; 1000]; 2];
     let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum))).await;
     for e in res {
         let e = e.unwrap_err();
         assert!(e.is_peer_failed(), "{e}");
-        assert_eq!(e.peer(), Some(2), "{e}");
+        assert_eq!(e.peer(), Some(gone), "{e}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_peer_that_closes_fails_pending_operations() {
+    peer_that_closes(hcomm::local_tcp(3).await.unwrap()).await;
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
@@ -97,14 +102,5 @@ async fn shm_ranks_1_to_8_in_flight_mismatch_and_close() {
     hundred_in_flight(&comms).await;
     mismatch(&mut comms).await;
     // A peer that goes: its close frame comes through the ring.
-    let mut comms = hcomm::local_shm(3).await.unwrap();
-    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
-    drop(comms.pop());
-    let mut bufs = vec![vec![1.0f32; 1000]; 2];
-    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum))).await;
-    for e in res {
-        let e = e.unwrap_err();
-        assert!(e.is_peer_failed(), "{e}");
-        assert_eq!(e.peer(), Some(2), "{e}");
-    }
+    peer_that_closes(hcomm::local_shm(3).await.unwrap()).await;
 }
