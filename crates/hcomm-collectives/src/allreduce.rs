@@ -277,11 +277,7 @@ impl Tuning {
             self.reduce_scatter = if v.trim() == "auto" { None } else { Some(v.parse()?) };
         }
         if let Some(v) = get("HCOMM_REPRODUCIBLE") {
-            self.reproducible = match v.trim() {
-                "1" | "true" | "yes" => true,
-                "0" | "false" | "no" => false,
-                _ => return Err(Error::config(format!("HCOMM_REPRODUCIBLE={v:?} is not 0 or 1"))),
-            };
+            self.reproducible = Error::parse_flag("HCOMM_REPRODUCIBLE", &v)?;
         }
         let num = |var: &str| -> Result<Option<f64>> {
             match get(var) {

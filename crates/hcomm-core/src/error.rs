@@ -110,6 +110,19 @@ impl Error {
         Error::new(ErrorKind::Config, message)
     }
 
+    /// The value `v` of the on/off variable `var`: `1`, `true`, `yes` or `0`,
+    /// `false`, `no`.
+    ///
+    /// # Errors
+    /// A configuration error naming the variable otherwise.
+    pub fn parse_flag(var: &str, v: &str) -> Result<bool> {
+        match v.trim() {
+            "1" | "true" | "yes" => Ok(true),
+            "0" | "false" | "no" => Ok(false),
+            _ => Err(Error::config(format!("{var}={v:?} is not 0 or 1"))),
+        }
+    }
+
     /// An I/O error with a description of what was being done.
     pub fn io(what: impl Into<String>, err: std::io::Error) -> Error {
         let kind = match err.kind() {

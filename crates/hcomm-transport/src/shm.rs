@@ -188,7 +188,8 @@ fn create_ring(job: u64, me: usize, peer: usize, cap: usize) -> io::Result<(Ring
 fn rand_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id()));
+    // RandomState's keys are random per process; the pid separates processes too.
+    h.write_u32(std::process::id());
     h.finish()
 }
 
@@ -349,6 +350,33 @@ async fn spin_until(spin: Duration, ready: impl Fn() -> bool) -> bool {
     }
 }
 
+/// Waits until `ready()`: spins (see [`spin_until`]), then sets `flag` (the peer
+/// rings `notify` when it finds it set) and parks. `false` if the doorbell died
+/// while `ready()` stayed false.
+async fn wait_until(
+    spin: Duration,
+    flag: &AtomicU32,
+    ready: impl Fn() -> bool,
+    notify: &Notify,
+    dead: &AtomicBool,
+) -> bool {
+    loop {
+        if spin_until(spin, &ready).await {
+            return true;
+        }
+        flag.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if ready() {
+            flag.store(0, Ordering::Relaxed);
+            return true;
+        }
+        if dead.load(Ordering::Acquire) {
+            return false;
+        }
+        notify.notified().await;
+    }
+}
+
 impl ReadLink for ShmRead {
     async fn read(&mut self, mut buf: BytesMut) -> (io::Result<usize>, BytesMut) {
         let waits = self.ring.u32_at(READER_WAITS);
@@ -373,20 +401,10 @@ impl ReadLink for ShmRead {
                 tokio::task::coop::consume_budget().await;
                 return (Ok(n), buf);
             }
-            if spin_until(self.spin, || self.ring.readable() > 0).await {
-                continue;
-            }
-            waits.store(1, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if self.ring.readable() > 0 {
-                waits.store(0, Ordering::Relaxed);
-                continue;
-            }
-            if self.bell.dead.load(Ordering::Acquire) {
+            if !wait_until(self.spin, waits, || self.ring.readable() > 0, &self.bell.data, &self.bell.dead).await {
                 // Everything the peer wrote before it went is read: the end.
                 return (Ok(0), buf);
             }
-            self.bell.data.notified().await;
         }
     }
 }
@@ -411,33 +429,25 @@ impl WriteLink for ShmWrite {
 impl ShmWrite {
     async fn write_all(&self, part: &[u8]) -> io::Result<()> {
         let waits = self.ring.u32_at(WRITER_WAITS);
-        {
-            let mut off = 0;
-            while off < part.len() {
-                if self.bell.dead.load(Ordering::Acquire) {
-                    return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the peer's shared-memory doorbell closed"));
-                }
-                let n = self.ring.push(&part[off..]);
-                if n > 0 {
-                    off += n;
-                    fence(Ordering::SeqCst);
-                    if self.ring.u32_at(READER_WAITS).swap(0, Ordering::SeqCst) == 1 {
-                        self.bell.ring(DOORBELL_DATA);
-                    }
-                    // As in `read`: never monopolise the executor.
-                    tokio::task::coop::consume_budget().await;
-                    continue;
-                }
-                if spin_until(self.spin, || self.ring.writable() > 0).await {
-                    continue;
-                }
-                waits.store(1, Ordering::SeqCst);
+        let closed = || io::Error::new(io::ErrorKind::BrokenPipe, "the peer's shared-memory doorbell closed");
+        let mut off = 0;
+        while off < part.len() {
+            if self.bell.dead.load(Ordering::Acquire) {
+                return Err(closed());
+            }
+            let n = self.ring.push(&part[off..]);
+            if n > 0 {
+                off += n;
                 fence(Ordering::SeqCst);
-                if self.ring.writable() > 0 {
-                    waits.store(0, Ordering::Relaxed);
-                    continue;
+                if self.ring.u32_at(READER_WAITS).swap(0, Ordering::SeqCst) == 1 {
+                    self.bell.ring(DOORBELL_DATA);
                 }
-                self.bell.space.notified().await;
+                // As in `read`: never monopolise the executor.
+                tokio::task::coop::consume_budget().await;
+            } else if !wait_until(self.spin, waits, || self.ring.writable() > 0, &self.bell.space, &self.bell.dead)
+                .await
+            {
+                return Err(closed());
             }
         }
         Ok(())

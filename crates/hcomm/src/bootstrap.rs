@@ -135,11 +135,7 @@ impl Config {
             c.stream.peer_timeout = parse_off_or_seconds("HCOMM_PEER_TIMEOUT", &v, "peer failure detection")?;
         }
         if let Ok(v) = std::env::var("HCOMM_SHM") {
-            c.shm = match v.trim() {
-                "1" | "on" | "yes" => true,
-                "0" | "off" | "no" => false,
-                _ => return Err(Error::config(format!("HCOMM_SHM={v:?} is not 1 or 0"))),
-            };
+            c.shm = Error::parse_flag("HCOMM_SHM", &v)?;
         }
         if let Some(r) = size_var("HCOMM_SHM_RING")? {
             if !(64 << 10..=1 << 30).contains(&r) {

@@ -131,9 +131,12 @@ impl StatsConfig {
     /// A configuration error naming the variable at fault.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<StatsConfig>> {
         match get("HCOMM_STATS").as_deref().map(str::trim) {
-            None | Some("" | "0" | "false" | "no") => return Ok(None),
-            Some("1" | "true" | "yes") => {}
-            Some(v) => return Err(Error::config(format!("HCOMM_STATS={v:?} is not 0 or 1"))),
+            None | Some("") => return Ok(None),
+            Some(v) => {
+                if !Error::parse_flag("HCOMM_STATS", v)? {
+                    return Ok(None);
+                }
+            }
         }
         let level = match get("HCOMM_STATS_LEVEL").as_deref().map(str::trim) {
             None | Some("1") => 1,
