@@ -10,6 +10,7 @@ pub mod error;
 pub mod events;
 pub mod mailbox;
 pub mod op;
+pub mod pool;
 pub mod transport;
 pub mod wire;
 

@@ -18,11 +18,12 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use crate::Rank;
 use crate::error::Result;
 use crate::mailbox::Mailbox;
+use crate::pool::PoolBuf;
 use crate::wire::Header;
 
 /// Moves frames between ranks. See the module documentation.
@@ -42,9 +43,10 @@ pub trait LocalTransport {
 
     /// An empty buffer with room for `len` bytes, in memory that this transport sends
     /// cheaply; fill it (`extend_from_slice`) and freeze it into the payload. The
-    /// default is ordinary heap memory, not zeroed, since it is written at once.
-    fn send_buffer(&self, len: usize) -> BytesMut {
-        BytesMut::with_capacity(len)
+    /// default comes from the process-wide [`pool`](crate::pool) (not zeroed, since it
+    /// is written at once), so that large payloads reuse memory already mapped.
+    fn send_buffer(&self, len: usize) -> PoolBuf {
+        crate::pool::take(len)
     }
 
     /// Sends one message to `peer`. The caller fills the header's matching and

@@ -7,6 +7,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use bytes::{Buf, Bytes, BytesMut};
+use hcomm_core::pool::{self, PoolBuf};
 use hcomm_core::wire::{HEADER_LEN, Header, WireError};
 use hcomm_core::{Error, ErrorKind, Frame, Result};
 use tokio::sync::oneshot;
@@ -27,6 +28,8 @@ pub(crate) const MAX_PARTIAL: usize = 1024;
 const MAX_PREALLOC: u64 = 64 << 20;
 /// Bytes asked for per read when nothing larger is known to be coming.
 const READ_CHUNK: usize = 64 << 10;
+/// Fragments of this size and more are read straight into their message's buffer.
+const DIRECT_MIN: usize = 32 << 10;
 
 /// A message queued for one peer.
 #[derive(Debug)]
@@ -154,56 +157,76 @@ impl WriteQueue {
 #[derive(Debug)]
 struct Partial {
     header: Header,
-    data: BytesMut,
+    data: PoolBuf,
 }
 
 /// Parses received bytes into complete messages, reassembling fragments. Every
 /// header is validated ([`Header::decode`]), fragments must arrive in order and fit
 /// their message, the source rank must be the connection's peer, and the number of
 /// open messages is bounded.
+///
+/// Small frames are read into one buffer and split off it. A fragment of
+/// [`DIRECT_MIN`] bytes or more is read straight into its message's buffer (from the
+/// [`pool`](hcomm_core::pool)), so that its bytes are copied once, by the kernel or
+/// the shared-memory ring, and never again before the receiver takes them.
 #[derive(Debug)]
 pub(crate) struct Assembler {
     buf: BytesMut,
     partial: HashMap<u64, Partial>,
     peer: u32,
+    /// A fragment being read into its message's buffer: the message's id and the
+    /// length its buffer has once the fragment is in.
+    direct: Option<(u64, usize)>,
 }
 
 fn protocol(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Protocol, msg)
 }
 
+fn whole(p: Partial) -> Frame {
+    Frame { header: p.header, payload: p.data.freeze() }
+}
+
 impl Assembler {
     pub fn new(peer: usize) -> Assembler {
-        Assembler { buf: BytesMut::with_capacity(READ_CHUNK), partial: HashMap::new(), peer: peer as u32 }
+        Assembler { buf: BytesMut::with_capacity(READ_CHUNK), partial: HashMap::new(), peer: peer as u32, direct: None }
     }
 
-    /// The buffer to read into next, with room reserved for the bytes still missing
-    /// from the frame being received (or a read's worth).
-    pub fn read_buf(&mut self) -> &mut BytesMut {
+    /// The buffer to read into next and the most bytes to read into it, taken by
+    /// value (io_uring needs owned buffers); hand it back with [`filled`](Self::filled)
+    /// before asking for frames. The buffer has room for at least one byte.
+    pub fn read_target(&mut self) -> (BytesMut, usize) {
+        if let Some((id, end)) = self.direct {
+            let p = self.partial.get_mut(&id).expect("a direct read has its message");
+            let left = end - p.data.len();
+            debug_assert!(left > 0, "next_frame ends a direct read once it is complete");
+            p.data.reserve(left);
+            return (std::mem::take(&mut *p.data), left);
+        }
         let need = if self.buf.len() < HEADER_LEN {
             HEADER_LEN
         } else {
             match Header::decode(&self.buf) {
-                Ok(h) => HEADER_LEN + h.frag_len as usize,
-                Err(_) => HEADER_LEN,
+                Ok(h) if (h.frag_len as usize) < DIRECT_MIN => HEADER_LEN + h.frag_len as usize,
+                _ => HEADER_LEN,
             }
         };
         let want = need.saturating_sub(self.buf.len()).max(READ_CHUNK);
         self.buf.reserve(want);
-        &mut self.buf
+        (std::mem::take(&mut self.buf), usize::MAX)
     }
 
-    /// Replaces the read buffer (for backends that take buffers by value).
-    pub fn take_buf(&mut self) -> BytesMut {
-        self.read_buf();
-        std::mem::take(&mut self.buf)
+    /// Takes back the buffer [`read_target`](Self::read_target) handed out, with the
+    /// bytes read appended.
+    pub fn filled(&mut self, buf: BytesMut) {
+        match self.direct {
+            Some((id, _)) => *self.partial.get_mut(&id).expect("a direct read has its message").data = buf,
+            None => self.buf = buf,
+        }
     }
 
-    pub fn put_buf(&mut self, buf: BytesMut) {
-        self.buf = buf;
-    }
-
-    /// Bytes received and not yet parsed.
+    /// Bytes received and not yet parsed (those of a fragment read straight into its
+    /// message not counted).
     pub fn buffered(&self) -> usize {
         self.buf.len()
     }
@@ -213,12 +236,59 @@ impl Assembler {
         self.partial.len()
     }
 
+    /// The message `h` is a fragment of, opened if `h` starts it; checks that `h`
+    /// continues it.
+    fn message_of<'a>(partial: &'a mut HashMap<u64, Partial>, h: &Header) -> Result<&'a mut Partial> {
+        let open = partial.len();
+        match partial.entry(h.msg_id) {
+            Entry::Vacant(v) => {
+                if h.offset != 0 {
+                    return Err(protocol(format!("message {} starts at offset {}", h.msg_id, h.offset)));
+                }
+                if open >= MAX_PARTIAL {
+                    return Err(protocol(format!("more than {MAX_PARTIAL} partial messages open")));
+                }
+                let data = pool::take(h.msg_len.min(MAX_PREALLOC) as usize);
+                Ok(v.insert(Partial { header: *h, data }))
+            }
+            Entry::Occupied(o) => {
+                let p = o.into_mut();
+                if p.header.msg_len != h.msg_len || p.data.len() as u64 != h.offset || !same_key(&p.header, h) {
+                    return Err(protocol(format!(
+                        "fragment {}+{} of message {} does not continue it ({} of {} bytes received)",
+                        h.offset,
+                        h.frag_len,
+                        h.msg_id,
+                        p.data.len(),
+                        p.header.msg_len
+                    )));
+                }
+                Ok(p)
+            }
+        }
+    }
+
+    /// The message `id`, removed if it is complete.
+    fn take_if_whole(&mut self, id: u64) -> Option<Frame> {
+        let p = &self.partial[&id];
+        (p.data.len() as u64 == p.header.msg_len).then(|| whole(self.partial.remove(&id).expect("present")))
+    }
+
     /// The next complete message in the bytes received so far.
     ///
     /// # Errors
     /// A protocol error for anything that breaks the framing rules; the connection
     /// cannot be trusted after it.
     pub fn next_frame(&mut self) -> Result<Option<Frame>> {
+        if let Some((id, end)) = self.direct {
+            if self.partial[&id].data.len() < end {
+                return Ok(None);
+            }
+            self.direct = None;
+            if let Some(f) = self.take_if_whole(id) {
+                return Ok(Some(f));
+            }
+        }
         loop {
             if self.buf.len() < HEADER_LEN {
                 return Ok(None);
@@ -231,48 +301,53 @@ impl Assembler {
                 )));
             }
             let n = h.frag_len as usize;
-            if self.buf.len() < HEADER_LEN + n {
+            let arrived = self.buf.len() >= HEADER_LEN + n;
+            if !arrived && n < DIRECT_MIN {
                 return Ok(None);
             }
-            self.buf.advance(HEADER_LEN);
-            let frag = self.buf.split_to(n);
-            if h.offset == 0 && u64::from(h.frag_len) == h.msg_len {
-                return Ok(Some(Frame { header: h, payload: frag.freeze() }));
+            if arrived && h.offset == 0 && u64::from(h.frag_len) == h.msg_len {
+                // A whole message in the read buffer: split off, no copy.
+                self.buf.advance(HEADER_LEN);
+                return Ok(Some(Frame { header: h, payload: self.buf.split_to(n).freeze() }));
             }
-            let open = self.partial.len();
-            match self.partial.entry(h.msg_id) {
-                Entry::Vacant(v) => {
-                    if h.offset != 0 {
-                        return Err(protocol(format!("message {} starts at offset {}", h.msg_id, h.offset)));
-                    }
-                    if open >= MAX_PARTIAL {
-                        return Err(protocol(format!("more than {MAX_PARTIAL} partial messages open")));
-                    }
-                    let mut data = BytesMut::with_capacity(h.msg_len.min(MAX_PREALLOC) as usize);
-                    data.extend_from_slice(&frag);
-                    v.insert(Partial { header: h, data });
-                }
-                Entry::Occupied(mut o) => {
-                    let p = o.get_mut();
-                    if p.header.msg_len != h.msg_len || p.data.len() as u64 != h.offset || !same_key(&p.header, &h) {
-                        return Err(protocol(format!(
-                            "fragment {}+{} of message {} does not continue it ({} of {} bytes received)",
-                            h.offset,
-                            h.frag_len,
-                            h.msg_id,
-                            p.data.len(),
-                            p.header.msg_len
-                        )));
-                    }
-                    p.data.extend_from_slice(&frag);
-                    if p.data.len() as u64 == p.header.msg_len {
-                        let p = o.remove();
-                        return Ok(Some(Frame { header: p.header, payload: p.data.freeze() }));
-                    }
-                }
+            let p = Self::message_of(&mut self.partial, &h)?;
+            // Validated: consume the header and what arrived of the fragment.
+            let here = n.min(self.buf.len() - HEADER_LEN);
+            p.data.extend_from_slice(&self.buf[HEADER_LEN..HEADER_LEN + here]);
+            let end = p.data.len() + (n - here);
+            self.buf.advance(HEADER_LEN + here);
+            if here < n {
+                // The rest is read straight into the message.
+                self.direct = Some((h.msg_id, end));
+                return Ok(None);
+            }
+            if let Some(f) = self.take_if_whole(h.msg_id) {
+                return Ok(Some(f));
             }
         }
     }
+}
+
+/// Feeds `bytes` to `a` as reads would, respecting its read limits, and collects the
+/// messages that come out.
+///
+/// # Errors
+/// The first protocol error.
+pub(crate) fn push(a: &mut Assembler, mut bytes: &[u8], out: &mut Vec<Frame>) -> Result<()> {
+    while let Some(f) = a.next_frame()? {
+        out.push(f);
+    }
+    while !bytes.is_empty() {
+        let (mut b, limit) = a.read_target();
+        let k = bytes.len().min(limit);
+        b.extend_from_slice(&bytes[..k]);
+        a.filled(b);
+        bytes = &bytes[k..];
+        while let Some(f) = a.next_frame()? {
+            out.push(f);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -311,12 +386,9 @@ mod tests {
         let mut a = Assembler::new(1);
         let mut out = Vec::new();
         for piece in wire.chunks(read_size.max(1)) {
-            a.read_buf().extend_from_slice(piece);
-            while let Some(f) = a.next_frame().unwrap() {
-                out.push((f.header.tag, f.payload.to_vec()));
-            }
+            push(&mut a, piece, &mut out).unwrap();
         }
-        out
+        out.into_iter().map(|f| (f.header.tag, f.payload.to_vec())).collect()
     }
 
     #[test]
@@ -334,23 +406,22 @@ mod tests {
     fn rejects_spoofed_source_and_out_of_order_fragments() {
         let mut a = Assembler::new(2);
         let h = Header::data(1, 0, 0, 0, &Signature::bare(OpKind::Send, 0), 0);
-        a.read_buf().extend_from_slice(&h.encode());
-        assert!(a.next_frame().unwrap_err().is_protocol());
+        assert!(push(&mut a, &h.encode(), &mut Vec::new()).unwrap_err().is_protocol());
 
         let mut a = Assembler::new(1);
         let mut h = Header::data(1, 0, 0, 0, &Signature::bare(OpKind::Send, 0), 10);
         h.offset = 5;
         h.frag_len = 5;
-        a.read_buf().extend_from_slice(&h.encode());
-        a.read_buf().extend_from_slice(&[0; 5]);
-        assert!(a.next_frame().unwrap_err().is_protocol());
+        let mut wire = h.encode().to_vec();
+        wire.extend_from_slice(&[0; 5]);
+        assert!(push(&mut a, &wire, &mut Vec::new()).unwrap_err().is_protocol());
     }
 
     proptest! {
         #[test]
         fn any_split_reassembles(
-            lens in proptest::collection::vec(0usize..50_000, 1..12),
-            fragment in 1usize..20_000,
+            lens in proptest::collection::vec(0usize..150_000, 1..12),
+            fragment in 1usize..100_000,
             read_size in 1usize..70_000,
         ) {
             let msgs = lens.iter().enumerate().map(|(i, &l)| msg(i as u32, l, i as u8)).collect();
@@ -366,8 +437,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
             let mut a = Assembler::new(0);
-            a.read_buf().extend_from_slice(&bytes);
-            while let Ok(Some(_)) = a.next_frame() {}
+            let _ = push(&mut a, &bytes, &mut Vec::new());
         }
 
         /// A valid stream of interleaved fragments, then mutated: bytes flipped, a

@@ -26,7 +26,7 @@ pub mod fuzzing {
     use hcomm_core::Result;
     use hcomm_core::wire::HEADER_LEN;
 
-    use crate::framing::{Assembler, MAX_PARTIAL};
+    use crate::framing::{Assembler, MAX_PARTIAL, push};
 
     /// Feeds `data` to the frame parser of a connection from rank `peer`, in reads of
     /// the sizes `reads` gives in turn (the rest in one), and returns the number of
@@ -38,6 +38,7 @@ pub mod fuzzing {
     /// The protocol error the parser reports.
     pub fn feed(peer: usize, data: &[u8], reads: &[usize]) -> Result<usize> {
         let mut a = Assembler::new(peer);
+        let mut out = Vec::new();
         let mut frames = 0;
         let mut rest = data;
         let mut sizes = reads.iter().copied().chain(std::iter::repeat(usize::MAX));
@@ -45,8 +46,8 @@ pub mod fuzzing {
             let n = sizes.next().unwrap_or(usize::MAX).clamp(1, rest.len());
             let (now, later) = rest.split_at(n);
             rest = later;
-            a.read_buf().extend_from_slice(now);
-            while let Some(f) = a.next_frame()? {
+            push(&mut a, now, &mut out)?;
+            for f in out.drain(..) {
                 assert!(f.payload.len() as u64 == f.header.msg_len, "a message comes out whole");
                 frames += 1;
             }

@@ -378,10 +378,10 @@ async fn wait_until(
 }
 
 impl ReadLink for ShmRead {
-    async fn read(&mut self, mut buf: BytesMut) -> (io::Result<usize>, BytesMut) {
+    async fn read(&mut self, mut buf: BytesMut, limit: usize) -> (io::Result<usize>, BytesMut) {
         let waits = self.ring.u32_at(READER_WAITS);
         loop {
-            let spare = buf.capacity() - buf.len();
+            let spare = (buf.capacity() - buf.len()).min(limit);
             debug_assert!(spare > 0, "the framing hands out buffers with room");
             // SAFETY: the spare capacity of `buf` is valid for `spare` bytes; the
             // bytes `pop` wrote become part of its length.

@@ -440,8 +440,9 @@ impl Drop for StreamTransport {
 /// The receiving I/O a backend provides to the shared read loop. Buffers are passed
 /// by value and handed back, as io_uring needs.
 pub(crate) trait ReadLink {
-    /// Reads more bytes, appending them to `buf` (within its spare capacity).
-    async fn read(&mut self, buf: BytesMut) -> (std::io::Result<usize>, BytesMut);
+    /// Reads more bytes, at most `limit`, appending them to `buf` (within its spare
+    /// capacity, which is never empty).
+    async fn read(&mut self, buf: BytesMut, limit: usize) -> (std::io::Result<usize>, BytesMut);
 }
 
 /// The sending I/O a backend provides to the shared write loop.
@@ -463,8 +464,9 @@ async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, links: Arc<Links>) {
             Ok(false) => {}
             Err(e) => break e.with_peer(peer),
         }
-        let (res, buf) = link.read(asm.take_buf()).await;
-        asm.put_buf(buf);
+        let (buf, limit) = asm.read_target();
+        let (res, buf) = link.read(buf, limit).await;
+        asm.filled(buf);
         match res {
             Ok(0) => break unannounced_eof(peer),
             Ok(_) => links.heard_from(peer),
@@ -535,8 +537,13 @@ mod tokio_io {
     use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
     impl ReadLink for OwnedReadHalf {
-        async fn read(&mut self, mut buf: BytesMut) -> (std::io::Result<usize>, BytesMut) {
-            (self.read_buf(&mut buf).await, buf)
+        async fn read(&mut self, mut buf: BytesMut, limit: usize) -> (std::io::Result<usize>, BytesMut) {
+            let res = if limit < buf.capacity() - buf.len() {
+                (&mut *self).take(limit as u64).read_buf(&mut buf).await
+            } else {
+                self.read_buf(&mut buf).await
+            };
+            (res, buf)
         }
     }
 
@@ -564,11 +571,12 @@ mod uring_io {
     pub(super) struct UringLink(pub std::rc::Rc<TcpStream>);
 
     impl ReadLink for UringLink {
-        async fn read(&mut self, buf: BytesMut) -> (std::io::Result<usize>, BytesMut) {
+        async fn read(&mut self, buf: BytesMut, limit: usize) -> (std::io::Result<usize>, BytesMut) {
             // tokio-uring reads at the start of the buffer it is given: hand it the
-            // spare capacity only, so that bytes already received stay in place.
+            // spare capacity only (up to the limit), so that bytes already received
+            // stay in place.
             let (len, cap) = (buf.len(), buf.capacity());
-            let (res, slice) = self.0.read(buf.slice(len..cap)).await;
+            let (res, slice) = self.0.read(buf.slice(len..cap.min(len.saturating_add(limit)))).await;
             (res, slice.into_inner())
         }
     }

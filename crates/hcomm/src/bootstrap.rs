@@ -148,6 +148,10 @@ impl Config {
                 v.trim().parse().map_err(|_| Error::config(format!("HCOMM_SHM_SPIN_US={v:?} is not a number")))?;
             c.stream.shm.spin = Duration::from_micros(us);
         }
+        if let Some(b) = size_var("HCOMM_POOL_BYTES")? {
+            // Process-wide, like the memory it bounds.
+            hcomm_core::pool::set_limit(b);
+        }
         if let Ok(v) = std::env::var("HCOMM_IFNAME") {
             c.ifname = Some(IfSpec::parse(&v)?);
         }

@@ -400,7 +400,10 @@ impl<T: LocalTransport> Communicator<T> {
         tag: Tag,
         data: &[E],
     ) -> impl Future<Output = Result<()>> + use<'c, T, E> {
-        let payload = Bytes::copy_from_slice(bytemuck::cast_slice(data));
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut buf = self.group.transport().send_buffer(bytes.len());
+        buf.extend_from_slice(bytes);
+        let payload = buf.freeze();
         let sig = Signature {
             op: OpKind::Send,
             dtype: Some(E::DTYPE),
