@@ -2,7 +2,10 @@
 # Point-to-point latency and bandwidth, 2 ranks (one per core), in one run: HComm over
 # shared memory and over TCP (hcomm-bench), OpenMPI with its default path (shared
 # memory, vader/sm) and over TCP only (`--mca btl self,tcp`), measured the same way
-# (benches/compare/mpi_p2p.c). Prints a Markdown table with the ratios.
+# (benches/compare/mpi_p2p.c), and loopback TCP bandwidth (iperf3) as the ceiling of
+# the TCP rows. HComm runs twice per transport: with `send`/`recv_into` (slices,
+# copied in and out, as MPI's API) and with `send_bytes`/`recv_bytes` (buffers handed
+# over, no copy in user space). Prints a Markdown table with the ratios.
 #
 #   bash benches/compare/p2p.sh [ITERS]
 #
@@ -11,8 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 iters=${1:-1000}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if ! command -v mpicc >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+if ! command -v mpicc >/dev/null || ! command -v iperf3 >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev iperf3 >/dev/null
 fi
 out=target/compare
 mkdir -p $out
@@ -23,14 +26,19 @@ min=8
 max=4194304
 for t in shm tcp; do
     # hcomm-bench's own iteration count: 64 MiB worth per size, 10 to 1000.
-    $hb --transport $t --ops latency,bw --min $min --max $max --no-progress --csv $out/p2p-hcomm-$t.csv >/dev/null
+    $hb --transport $t --ops latency,bw,latency_bytes,bw_bytes --min $min --max $max --no-progress --csv $out/p2p-hcomm-$t.csv >/dev/null
 done
 mpirun -n 2 $out/mpi_p2p $min $max $iters >$out/p2p-ompi-sm.txt
 mpirun -n 2 --mca btl self,tcp $out/mpi_p2p $min $max $iters >$out/p2p-ompi-tcp.txt
+iperf3 -s -1 -p 5398 >/dev/null 2>&1 &
+sleep 1
+iperf=$(iperf3 -c 127.0.0.1 -p 5398 -t 3 -J | python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))')
+wait
+echo "loopback TCP (iperf3, 1 stream, 3 s): $iperf GB/s"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r)"
 echo "date: $(date -u +%F), 2 ranks, one process each; iterations: OpenMPI $iters per size (a tenth from 1 MiB), HComm 64 MiB worth per size (10 to 1000)"
 echo
-python3 - "$out" <<'PY'
+python3 - "$out" "$iperf" <<'PY'
 import csv, sys
 out = sys.argv[1]
 def hcomm(t):
@@ -47,20 +55,28 @@ def ompi(t):
         elif f[0] == "bw":
             rows[("bw", int(f[1]))] = (float(f[2]), float(f[3]))
     return rows
-hs, ht, ms, mt = hcomm("shm"), hcomm("tcp"), ompi("sm"), ompi("tcp")
-print("| op | bytes | HComm shm | OpenMPI sm | HComm shm / OpenMPI sm | HComm tcp | OpenMPI tcp | HComm tcp / OpenMPI tcp |")
-print("|---|---|---|---|---|---|---|---|")
-for (op, b) in sorted(ms, key=lambda k: (k[0] != "latency", k[1])):
-    if (op, b) not in hs or (op, b) not in ht or (op, b) not in mt:
+iperf = float(sys.argv[2])
+h, m = {t: hcomm(t) for t in ("shm", "tcp")}, {t: ompi(t) for t in ("sm", "tcp")}
+print("| op | bytes | OpenMPI sm | HComm shm | ratio | HComm shm bytes | ratio | OpenMPI tcp | HComm tcp | ratio | HComm tcp bytes | ratio | HComm tcp bytes / iperf3 |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for (op, b) in sorted(m["sm"], key=lambda k: (k[0] != "latency", k[1])):
+    ob = op + "_bytes"
+    if any(k not in h[t] for t in ("shm", "tcp") for k in ((op, b), (ob, b))) or (op, b) not in m["tcp"]:
         continue
     if op == "latency":
         f = lambda v: f"{v[0]:.2f} µs"
-        ratio = lambda h, m: f"{h[0] / m[0]:.2f}"
+        ratio = lambda x, y: f"{x[0] / y[0]:.2f}"
+        ceiling = ""
     else:
         f = lambda v: f"{v[1]:.3f} GB/s"
-        ratio = lambda h, m: f"{h[1] / m[1]:.2f}"
-    print(f"| {op} | {b} | {f(hs[(op, b)])} | {f(ms[(op, b)])} | {ratio(hs[(op, b)], ms[(op, b)])} | "
-          f"{f(ht[(op, b)])} | {f(mt[(op, b)])} | {ratio(ht[(op, b)], mt[(op, b)])} |")
+        ratio = lambda x, y: f"{x[1] / y[1]:.2f}"
+        ceiling = f"{h['tcp'][(ob, b)][1] / iperf:.2f}"
+    cells = [op, str(b)]
+    for mpi, t in (("sm", "shm"), ("tcp", "tcp")):
+        base = m[mpi][(op, b)]
+        cells += [f(base), f(h[t][(op, b)]), ratio(h[t][(op, b)], base), f(h[t][(ob, b)]), ratio(h[t][(ob, b)], base)]
+    cells.append(ceiling)
+    print("| " + " | ".join(cells) + " |")
 print()
-print("latency ratios are time (lower is better for HComm); bw ratios are GB/s (higher is better).")
+print(f"ratios are HComm / OpenMPI: time for latency (lower is better for HComm), GB/s for bw (higher is better); the last column is HComm tcp bytes against iperf3's {iperf:.3f} GB/s.")
 PY

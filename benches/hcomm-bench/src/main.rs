@@ -17,6 +17,8 @@
 //! alltoall is the whole buffer (n blocks). `latency` is half the round trip of a
 //! ping-pong between ranks 0 and 1; `bw` streams windows of `--window` messages from
 //! rank 0 to rank 1, each window answered by a 4-byte acknowledgement (as osu_bw).
+//! `latency_bytes` and `bw_bytes` (not in `all`) do the same through `send_bytes` and
+//! `recv_bytes`, which hand buffers over instead of copying them in and out.
 //! Ranks above 1 idle during both.
 //!
 //! Ranks are processes (tcp, uring: started by this program itself, or by a
@@ -28,7 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use hcomm::{
-    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Communicator, LocalTransport, ReduceOp, ReduceScatterAlgo,
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Bytes, Communicator, LocalTransport, ReduceOp,
+    ReduceScatterAlgo,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -107,6 +110,9 @@ fn fail(msg: impl std::fmt::Display) -> ! {
 enum Op {
     Latency,
     Bw,
+    /// `latency` and `bw` through `send_bytes` / `recv_bytes` (no copy in user space).
+    LatencyBytes,
+    BwBytes,
     Allreduce,
     Broadcast,
     Allgather,
@@ -114,7 +120,8 @@ enum Op {
     Alltoall,
 }
 
-const OPS: [(Op, &str); 7] = [
+/// The first 7 are `all`.
+const OPS: [(Op, &str); 9] = [
     (Op::Latency, "latency"),
     (Op::Bw, "bw"),
     (Op::Allreduce, "allreduce"),
@@ -122,9 +129,16 @@ const OPS: [(Op, &str); 7] = [
     (Op::Allgather, "allgather"),
     (Op::ReduceScatter, "reduce_scatter"),
     (Op::Alltoall, "alltoall"),
+    (Op::LatencyBytes, "latency_bytes"),
+    (Op::BwBytes, "bw_bytes"),
 ];
 
 impl Op {
+    /// Point to point between ranks 0 and 1.
+    fn p2p(self) -> bool {
+        matches!(self, Op::Latency | Op::Bw | Op::LatencyBytes | Op::BwBytes)
+    }
+
     fn name(self) -> &'static str {
         OPS.iter().find(|(o, _)| *o == self).expect("listed").1
     }
@@ -135,7 +149,7 @@ impl Op {
         match self {
             Op::Allreduce => 2.0 * (n - 1.0) / n,
             Op::Allgather | Op::ReduceScatter | Op::Alltoall => (n - 1.0) / n,
-            Op::Latency | Op::Bw | Op::Broadcast => 1.0,
+            Op::Latency | Op::Bw | Op::LatencyBytes | Op::BwBytes | Op::Broadcast => 1.0,
         }
     }
 
@@ -180,7 +194,7 @@ impl Forced {
             Op::Allgather => self.allgather.map(|a| a.name()),
             Op::ReduceScatter => self.reduce_scatter.map(|a| a.name()),
             Op::Alltoall => self.alltoall.map(|a| a.name()),
-            Op::Latency | Op::Bw => Some("direct"),
+            Op::Latency | Op::Bw | Op::LatencyBytes | Op::BwBytes => Some("direct"),
         };
         forced.unwrap_or("auto").to_string()
     }
@@ -214,7 +228,7 @@ struct Run {
 
 fn ops_of(a: &Args) -> Vec<Op> {
     if a.ops == "all" {
-        return OPS.iter().map(|o| o.0).collect();
+        return OPS[..7].iter().map(|o| o.0).collect();
     }
     a.ops
         .split(',')
@@ -226,7 +240,7 @@ fn ops_of(a: &Args) -> Vec<Op> {
 
 fn sizes(a: &Args, op: Op, n: usize) -> Vec<usize> {
     let unit = if op.blocked() { 4 * n } else { 4 };
-    let lo = a.min.max(if matches!(op, Op::Latency | Op::Bw) { 1 } else { unit });
+    let lo = a.min.max(if op.p2p() { 1 } else { unit });
     std::iter::successors(Some(lo), |s| s.checked_mul(2).filter(|&d| d <= a.max)).filter(|s| *s <= a.max).collect()
 }
 
@@ -241,6 +255,8 @@ struct Bufs {
     a: Vec<f32>,
     b: Vec<f32>,
     bytes: Vec<u8>,
+    /// The same bytes, to hand over whole (`*_bytes` ops).
+    owned: Bytes,
 }
 
 async fn once<T: LocalTransport>(
@@ -303,6 +319,31 @@ async fn once<T: LocalTransport>(
             }
             _ => Ok(()),
         },
+        Op::LatencyBytes => match comm.rank() {
+            0 => {
+                comm.send_bytes(1, 1, bufs.owned.clone()).await?;
+                comm.recv_bytes(1, 1).await.map(drop)
+            }
+            1 => {
+                let echo = comm.recv_bytes(0, 1).await?;
+                comm.send_bytes(0, 1, echo).await
+            }
+            _ => Ok(()),
+        },
+        Op::BwBytes => match comm.rank() {
+            0 => {
+                let sends = (0..window).map(|_| comm.send_bytes(1, 2, bufs.owned.clone()));
+                futures::future::try_join_all(sends).await?;
+                comm.recv_bytes(1, 3).await.map(drop)
+            }
+            1 => {
+                for _ in 0..window {
+                    comm.recv_bytes(0, 2).await?;
+                }
+                comm.send_bytes(0, 3, Bytes::from_static(&[0; 4])).await
+            }
+            _ => Ok(()),
+        },
     }
 }
 
@@ -320,6 +361,7 @@ async fn measure<T: LocalTransport>(
         a: vec![1.0; elems],
         b: vec![1.0; if op == Op::Alltoall { elems } else { elems.div_ceil(n).max(1) }],
         bytes: vec![7u8; bytes],
+        owned: Bytes::from(vec![7u8; bytes]),
     };
     let (it, warm) = iters(a, bytes);
     for _ in 0..warm {
@@ -333,11 +375,11 @@ async fn measure<T: LocalTransport>(
     let per_op = t.elapsed().as_secs_f64() / it as f64;
     // Point to point: rank 0's view (half a round trip; a window's time per message).
     let mine = match op {
-        Op::Latency => per_op / 2.0,
-        Op::Bw => per_op / a.window as f64,
+        Op::Latency | Op::LatencyBytes => per_op / 2.0,
+        Op::Bw | Op::BwBytes => per_op / a.window as f64,
         _ => per_op,
     };
-    let p2p = matches!(op, Op::Latency | Op::Bw);
+    let p2p = op.p2p();
     let mut stats =
         [if p2p && comm.rank() > 1 { 0.0 } else { mine }, if p2p && comm.rank() > 1 { f64::MIN } else { -mine }, mine];
     let mut sum = [stats[0]];
@@ -377,7 +419,7 @@ async fn bench<T: LocalTransport>(comm: &Communicator<T>, a: &Args, f: &Forced) 
     let ops = ops_of(a);
     let plan: Vec<(Op, usize)> = ops
         .iter()
-        .filter(|&&op| n >= 2 || !matches!(op, Op::Latency | Op::Bw))
+        .filter(|&&op| n >= 2 || !op.p2p())
         .flat_map(|&op| sizes(a, op, n).into_iter().map(move |s| (op, s)))
         .collect();
     let lead = comm.rank() == 0;

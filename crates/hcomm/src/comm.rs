@@ -415,6 +415,33 @@ impl<T: LocalTransport> Communicator<T> {
         self.send_payload(dst, tag, sig, payload)
     }
 
+    /// Sends `payload` to rank `dst` under `tag` without copying it: the transport
+    /// keeps a reference to the bytes until they are written, so a large message costs
+    /// no copy in user space on this side (`Bytes::from(vec)` hands over a `Vec<u8>`
+    /// without a copy too). The message is a byte message: [`recv_bytes`] takes it
+    /// whole, [`recv`] and [`recv_into`] as `u8`.
+    ///
+    /// [`recv_bytes`]: Communicator::recv_bytes
+    /// [`recv`]: Communicator::recv
+    /// [`recv_into`]: Communicator::recv_into
+    ///
+    /// # Errors
+    /// As [`Communicator::send`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::send`]: the message is queued when this method is called.
+    pub fn send_bytes(&self, dst: usize, tag: Tag, payload: Bytes) -> impl Future<Output = Result<()>> + '_ {
+        let sig = Signature {
+            op: OpKind::Send,
+            dtype: Some(u8::DTYPE),
+            reduce: None,
+            count: payload.len() as u64,
+            root: None,
+            algo: 0,
+        };
+        self.send_payload(dst, tag, sig, payload)
+    }
+
     fn send_payload(
         &self,
         dst: usize,
@@ -532,6 +559,22 @@ impl<T: LocalTransport> Communicator<T> {
             }
             coll::copy_in(buf, &f.payload).map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
         }
+    }
+
+    /// Receives the next message from rank `src` with `tag` as the bytes the transport
+    /// received it into, without copying them (whatever its element type; the bytes
+    /// are in native byte order). Large messages arrive in memory from the buffer
+    /// pool, which goes back to the pool when the last clone of the `Bytes` is
+    /// dropped.
+    ///
+    /// # Errors
+    /// As [`Communicator::recv`], without the element-type check.
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::recv`].
+    pub fn recv_bytes(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Bytes>> + '_ {
+        let frame = self.post_recv(src, tag);
+        async move { Ok(frame.await?.payload) }
     }
 
     /// Sends `data` to `dst` and receives from `src` at once (the exchange step of

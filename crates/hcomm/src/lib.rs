@@ -50,6 +50,8 @@ pub mod store;
 mod tune;
 
 pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
+/// The byte buffers of `send_bytes` and `recv_bytes`.
+pub use bytes::Bytes;
 pub use comm::{Communicator, RESERVED_TAGS};
 pub use hcomm_collectives::{
     AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, CostModel, Measured, ReduceScatterAlgo, Tuning,

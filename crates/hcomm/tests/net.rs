@@ -17,6 +17,11 @@ async fn suite<T: LocalTransport>(comms: &[Communicator<T>]) {
     for count in [0, 1, 13, 100_003, 700_001] {
         p2p_all_pairs(comms, count, count as u64).await;
     }
+    // Owned byte messages, from one byte to several fragments read straight into
+    // pooled buffers.
+    for len in [0, 1, 31, 32_768, 65_537, 1_048_583] {
+        p2p_bytes_all_pairs(comms, len, len as u64).await;
+    }
 }
 
 async fn hundred_in_flight<T: LocalTransport>(comms: &[Communicator<T>]) {

@@ -13,6 +13,7 @@ async fn all_pairs_for_rank_counts_1_to_8() {
         let comms = hcomm::local(n);
         for count in [0, 1, 2, 13, 1024, 65_537] {
             p2p_all_pairs(&comms, count, n as u64).await;
+            p2p_bytes_all_pairs(&comms, count * 3, n as u64).await;
         }
     }
 }
@@ -36,6 +37,9 @@ async fn type_and_length_mismatches_are_errors() {
     comms[0].send(1, 1, &[1.0f32, 2.0]).await.unwrap();
     let e = comms[1].recv::<i32>(0, 1).await.unwrap_err();
     assert!(e.is_mismatch(), "{e}");
+    // Bytes are typed u8: a typed receive of another type refuses them.
+    comms[0].send_bytes(1, 1, hcomm::Bytes::from_static(&[1, 2, 3, 4])).await.unwrap();
+    assert!(comms[1].recv::<f32>(0, 1).await.unwrap_err().is_mismatch());
     assert!(e.to_string().contains("f32"), "{e}");
 
     comms[0].send(1, 2, &[1u8, 2, 3]).await.unwrap();

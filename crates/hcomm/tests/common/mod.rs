@@ -243,6 +243,45 @@ pub async fn p2p_all_pairs<T: LocalTransport>(comms: &[Communicator<T>], count: 
     assert_eq!(results.len(), n);
 }
 
+/// Every rank sends `len` random bytes to every rank (itself included) twice: by
+/// `send_bytes` (taken by `recv_bytes`, tag 3) and as `u64`s by `send` (taken by
+/// `recv_bytes` as their native bytes, tag 4); checks every message.
+pub async fn p2p_bytes_all_pairs<T: LocalTransport>(comms: &[Communicator<T>], len: usize, seed: u64) {
+    let n = comms.len();
+    let data = |from: usize, to: usize| -> Vec<u64> {
+        let mut rng = StdRng::seed_from_u64(seed ^ ((from * 1000 + to) as u64) << 20);
+        (0..len.div_ceil(8)).map(|_| rng.random()).collect()
+    };
+    let bytes_of = |v: &[u64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).take(len).collect() };
+    join_all(comms.iter().map(|c| async move {
+        let r = c.rank();
+        let recvs = join_all(
+            (0..n)
+                .flat_map(|src| [(src, 3u32), (src, 4u32)])
+                .map(|(src, tag)| async move { (src, tag, c.recv_bytes(src, tag).await) }),
+        );
+        let sends = join_all((0..n).map(|dst| {
+            let d = data(r, dst);
+            let owned = hcomm::Bytes::from(bytes_of(&d));
+            async move {
+                c.send_bytes(dst, 3, owned).await?;
+                c.send(dst, 4, &d).await
+            }
+        }));
+        let (got, sent) = futures::join!(recvs, sends);
+        for s in sent {
+            s.unwrap_or_else(|e| panic!("rank {r} send failed: {e}"));
+        }
+        for (src, tag, g) in got {
+            let g = g.unwrap_or_else(|e| panic!("rank {r} recv from {src} failed: {e}"));
+            let d = data(src, r);
+            let want = if tag == 3 { bytes_of(&d) } else { d.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+            assert!(g[..] == want[..], "rank {r}: byte message from {src} tag {tag} ({len} bytes) corrupted");
+        }
+    }))
+    .await;
+}
+
 /// Starts one allreduce per entry of `sizes` on every rank at once (all in flight on
 /// one communicator per rank) and checks each result on each rank.
 pub async fn in_flight<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], sizes: &[usize], op: ReduceOp) {
