@@ -53,7 +53,17 @@ pub struct StreamOptions {
     pub peer_timeout: Option<Duration>,
     /// Shared-memory links (see [`crate::shm`]): ring size, spin before parking.
     pub shm: ShmOptions,
+    /// How long a tokio TCP reader with nothing to read keeps trying (yielding to the
+    /// executor's other tasks between tries) before it waits for the socket to become
+    /// readable. A process that waits in `epoll_wait` takes tens of microseconds to
+    /// wake on a busy or virtual machine; a reply that comes within the spin is read
+    /// at once. Zero waits at once (no polling at all when idle). MPI libraries poll
+    /// for the same reason. Not used by the io_uring backend.
+    pub tcp_spin: Duration,
 }
+
+/// Default of [`StreamOptions::tcp_spin`] (`HCOMM_TCP_SPIN_US`).
+pub const DEFAULT_TCP_SPIN: Duration = Duration::from_micros(100);
 
 /// How a transport reaches one peer: a TCP connection (`S`: a tokio or a std socket,
 /// as the backend takes), or shared-memory rings with the connection as doorbell.
@@ -68,7 +78,12 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_millis(600);
 
 impl Default for StreamOptions {
     fn default() -> StreamOptions {
-        StreamOptions { fragment: 512 << 10, peer_timeout: Some(DEFAULT_PEER_TIMEOUT), shm: ShmOptions::default() }
+        StreamOptions {
+            fragment: 512 << 10,
+            peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
+            shm: ShmOptions::default(),
+            tcp_spin: DEFAULT_TCP_SPIN,
+        }
     }
 }
 
@@ -272,6 +287,7 @@ impl StreamTransport {
             let tasks = match link {
                 PeerLink::Tcp(s) => {
                     let (rd, wr) = s.into_split();
+                    let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin };
                     let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
                     vec![r.abort_handle(), w.abort_handle()]
@@ -533,15 +549,36 @@ async fn write_loop<L: WriteLink>(
 
 mod tokio_io {
     use super::*;
+    use bytes::BufMut;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-    impl ReadLink for OwnedReadHalf {
+    /// The reading half of a tokio TCP connection, with its spin
+    /// ([`StreamOptions::tcp_spin`]).
+    pub(super) struct TcpRead {
+        pub half: OwnedReadHalf,
+        pub spin: Duration,
+    }
+
+    impl ReadLink for TcpRead {
         async fn read(&mut self, mut buf: BytesMut, limit: usize) -> (std::io::Result<usize>, BytesMut) {
+            if !self.spin.is_zero() {
+                let start = std::time::Instant::now();
+                loop {
+                    match self.half.try_read_buf(&mut (&mut buf).limit(limit)) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        res => return (res, buf),
+                    }
+                    if start.elapsed() >= self.spin {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
             let res = if limit < buf.capacity() - buf.len() {
-                (&mut *self).take(limit as u64).read_buf(&mut buf).await
+                (&mut self.half).take(limit as u64).read_buf(&mut buf).await
             } else {
-                self.read_buf(&mut buf).await
+                self.half.read_buf(&mut buf).await
             };
             (res, buf)
         }
