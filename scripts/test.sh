@@ -41,5 +41,17 @@ if command -v mpirun >/dev/null; then
 else
     echo "--- launch check skipped: mpirun not installed (apt-get install openmpi-bin)"
 fi
+# The job's topology as rank 0 prints it: every rank in the rack HCOMM_RACK names.
+echo "--- launch check: hcomm topo"
+if out=$(HCOMM_RACK=r1 timeout 120 "$bin" run -n 3 --no-prefix -- "$bin" topo 2>&1) &&
+    grep -q "^3 ranks on 1 hosts in 1 racks" <<<"$out" && grep -q "^rack r1" <<<"$out"; then
+    echo "$out"
+    echo "ok: hcomm topo"
+    passed=$((passed + 1))
+else
+    echo "$out" | tail -20
+    echo "FAILED: hcomm topo"
+    failed=$((failed + 1))
+fi
 echo "launch checks: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,42 +1,127 @@
 //! Where the ranks of a job run, and the orders that follow from it.
 //!
-//! This first version knows one level, the host: ranks report a host identity at
-//! bootstrap ([`host_identity`]: hostname plus the kernel's boot id, so that two
-//! containers with one hostname on different machines stay apart), and rings keep the
-//! ranks of one host next to each other, so that a ring crosses each host boundary
-//! once in each direction instead of once per rank. Racks, measured links and
-//! hierarchical trees come later.
+//! The model has three levels above a rank: its NUMA node, its host and its rack;
+//! ranks in different racks talk through the spine. Each rank reports a
+//! [`Placement`] at bootstrap:
+//!
+//! - the host identity ([`host_identity`]: hostname plus the kernel's boot id, so that
+//!   two containers with one hostname on different machines stay apart);
+//! - its rack, from `HCOMM_RACK`, else from a topology file (`HCOMM_TOPOLOGY`, see
+//!   [`TopologyFile`]) that lists the hosts of each rack; hosts whose rack nobody
+//!   names share one unnamed rack (a flat network);
+//! - the NUMA node its CPUs belong to ([`numa_node`], from sysfs), if they lie in one.
+//!
+//! From those, [`Topology`] numbers hosts and racks, says which [`Level`] joins two
+//! ranks, and orders rings so that each rack's ranks, and within it each host's, are
+//! contiguous: a ring then crosses each rack boundary and each host boundary once in
+//! each direction, instead of once per rank with an interleaved placement.
+//!
+//! Not yet here: inferring racks by probing latency and bandwidth, the per-level cost
+//! parameters of the algorithm selection, hierarchical trees and grid hints.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use hcomm_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// What one rank reports about where it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Placement {
+    /// Host identity ([`host_identity`]).
+    pub host: String,
+    /// Rack name, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
+    /// NUMA node of the rank's CPUs, if they lie in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+}
+
+impl Placement {
+    /// On host `host`, rack and NUMA node unknown.
+    pub fn on_host(host: impl Into<String>) -> Placement {
+        Placement { host: host.into(), rack: None, numa: None }
+    }
+}
+
+/// The closest level two ranks share: the slowest kind of link between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// The same rank.
+    Rank,
+    /// The same host (shared memory).
+    Host,
+    /// Different hosts of one rack.
+    Rack,
+    /// Different racks: through the spine.
+    Spine,
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Rank => "rank",
+            Level::Host => "host",
+            Level::Rack => "rack",
+            Level::Spine => "spine",
+        })
+    }
+}
 
 /// The placement of the ranks of a communicator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
+    placements: Vec<Placement>,
     /// Host index of each rank; hosts are numbered in order of first appearance.
     host_of: Vec<usize>,
     hosts: Vec<String>,
+    /// Rack index of each host; racks numbered in order of first appearance.
+    rack_of_host: Vec<usize>,
+    /// Rack names; `None` for the rack of the hosts nobody placed.
+    racks: Vec<Option<String>>,
+}
+
+/// Numbers `keys` in order of first appearance.
+fn number<K: std::hash::Hash + Eq + Clone>(keys: impl Iterator<Item = K>) -> (Vec<usize>, Vec<K>) {
+    let mut index: HashMap<K, usize> = HashMap::new();
+    let mut distinct = Vec::new();
+    let of = keys
+        .map(|k| {
+            *index.entry(k.clone()).or_insert_with(|| {
+                distinct.push(k);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    (of, distinct)
 }
 
 impl Topology {
     /// All `n` ranks on one host.
     pub fn single_host(n: usize) -> Topology {
-        Topology { host_of: vec![0; n], hosts: vec![String::from("localhost")] }
+        Topology::from_placements(&vec![Placement::on_host("localhost"); n])
     }
 
-    /// From the host identity each rank reported, in rank order.
+    /// From the host identity each rank reported, in rank order (racks unknown).
     pub fn from_hosts<S: AsRef<str>>(ids: &[S]) -> Topology {
-        let mut index: HashMap<&str, usize> = HashMap::new();
-        let mut hosts = Vec::new();
-        let host_of = ids
-            .iter()
-            .map(|id| {
-                *index.entry(id.as_ref()).or_insert_with(|| {
-                    hosts.push(id.as_ref().to_owned());
-                    hosts.len() - 1
-                })
-            })
-            .collect();
-        Topology { host_of, hosts }
+        let p: Vec<Placement> = ids.iter().map(|h| Placement::on_host(h.as_ref())).collect();
+        Topology::from_placements(&p)
+    }
+
+    /// From what each rank reported, in rank order. A host's rack is the first rack
+    /// one of its ranks names (a host is in one rack).
+    pub fn from_placements(placements: &[Placement]) -> Topology {
+        let (host_of, hosts) = number(placements.iter().map(|p| p.host.clone()));
+        let mut rack_name: Vec<Option<String>> = vec![None; hosts.len()];
+        for (p, &h) in placements.iter().zip(&host_of) {
+            if rack_name[h].is_none() {
+                rack_name[h].clone_from(&p.rack);
+            }
+        }
+        let (rack_of_host, racks) = number(rack_name.into_iter());
+        Topology { placements: placements.to_vec(), host_of, hosts, rack_of_host, racks }
     }
 
     /// Number of ranks.
@@ -49,9 +134,24 @@ impl Topology {
         self.hosts.len()
     }
 
+    /// Number of distinct racks (hosts nobody placed count as one).
+    pub fn rack_count(&self) -> usize {
+        self.racks.len()
+    }
+
     /// Host index of `rank`.
     pub fn host_of(&self, rank: usize) -> usize {
         self.host_of[rank]
+    }
+
+    /// Rack index of `rank`.
+    pub fn rack_of(&self, rank: usize) -> usize {
+        self.rack_of_host[self.host_of[rank]]
+    }
+
+    /// NUMA node of `rank`, if known.
+    pub fn numa_of(&self, rank: usize) -> Option<u32> {
+        self.placements[rank].numa
     }
 
     /// Identity of host `h`.
@@ -59,48 +159,244 @@ impl Topology {
         &self.hosts[h]
     }
 
-    /// The topology of a subset of ranks (`members[i]` is the old rank of new rank `i`).
-    pub fn subset(&self, members: &[usize]) -> Topology {
-        let ids: Vec<&str> = members.iter().map(|&m| self.hosts[self.host_of[m]].as_str()).collect();
-        Topology::from_hosts(&ids)
+    /// Name of rack `r` (`None` for the hosts nobody placed).
+    pub fn rack_name(&self, r: usize) -> Option<&str> {
+        self.racks[r].as_deref()
     }
 
-    /// A ring over all ranks that visits each host's ranks contiguously: hosts in
-    /// order of first appearance, ranks in increasing order within a host. Equal to
-    /// `0..n` when ranks are already placed host by host.
+    /// What `rank` reported.
+    pub fn placement(&self, rank: usize) -> &Placement {
+        &self.placements[rank]
+    }
+
+    /// The closest level ranks `a` and `b` share.
+    pub fn level(&self, a: usize, b: usize) -> Level {
+        if a == b {
+            Level::Rank
+        } else if self.host_of[a] == self.host_of[b] {
+            Level::Host
+        } else if self.rack_of(a) == self.rack_of(b) {
+            Level::Rack
+        } else {
+            Level::Spine
+        }
+    }
+
+    /// The topology of a subset of ranks (`members[i]` is the old rank of new rank `i`).
+    pub fn subset(&self, members: &[usize]) -> Topology {
+        let p: Vec<Placement> = members
+            .iter()
+            .map(|&m| Placement { rack: self.racks[self.rack_of(m)].clone(), ..self.placements[m].clone() })
+            .collect();
+        Topology::from_placements(&p)
+    }
+
+    /// A ring over all ranks that visits each rack's ranks contiguously, and within a
+    /// rack each host's, and within a host each NUMA node's: racks and hosts in order
+    /// of first appearance, ranks in increasing order. Equal to `0..n` when ranks are
+    /// already placed that way.
     pub fn ring_order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.size()).collect();
-        order.sort_by_key(|&r| (self.host_of[r], r));
+        order.sort_by_key(|&r| (self.rack_of(r), self.host_of[r], self.numa_of(r), r));
         order
+    }
+
+    /// Number of ring edges (including the closing one) whose ends share no level
+    /// below `level`: with [`Level::Rack`], the edges that leave a host; with
+    /// [`Level::Spine`], the edges that cross the spine.
+    pub fn ring_crossings(&self, ring: &[usize], level: Level) -> usize {
+        if ring.len() < 2 {
+            return 0;
+        }
+        (0..ring.len()).filter(|&i| self.level(ring[i], ring[(i + 1) % ring.len()]) >= level).count()
     }
 
     /// Number of ring edges (including the closing one) that join two hosts.
     pub fn ring_host_crossings(&self, ring: &[usize]) -> usize {
-        if ring.len() < 2 {
-            return 0;
-        }
-        (0..ring.len()).filter(|&i| self.host_of[ring[i]] != self.host_of[ring[(i + 1) % ring.len()]]).count()
+        self.ring_crossings(ring, Level::Rack)
     }
+}
+
+impl fmt::Display for Topology {
+    /// Racks, their hosts and each host's ranks (with NUMA nodes where known).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} ranks on {} hosts in {} racks", self.size(), self.host_count(), self.rack_count())?;
+        for r in 0..self.rack_count() {
+            writeln!(f, "rack {}", self.rack_name(r).unwrap_or("(unnamed)"))?;
+            for h in (0..self.host_count()).filter(|&h| self.rack_of_host[h] == r) {
+                let ranks: Vec<String> = (0..self.size())
+                    .filter(|&k| self.host_of[k] == h)
+                    .map(|k| match self.numa_of(k) {
+                        Some(n) => format!("{k} (numa {n})"),
+                        None => k.to_string(),
+                    })
+                    .collect();
+                writeln!(f, "  host {}: ranks {}", self.host_name(h), ranks.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The hostname part of a host identity or a hostname.
+fn hostname_of(id: &str) -> &str {
+    id.split('/').next().unwrap_or(id)
 }
 
 /// This machine's identity for grouping ranks by host: `hostname/boot-id`.
 pub fn host_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}/{}", hostname(), boot.trim())
+}
+
+/// This machine's hostname.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| String::from("unknown-host"));
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{}/{}", host.trim(), boot.trim())
+        .map_or_else(|| String::from("unknown-host"), |h| h.trim().to_owned())
+}
+
+/// The racks of a cluster as a topology file describes them (`HCOMM_TOPOLOGY`).
+///
+/// TOML (or JSON, for a path ending in `.json`), a list of racks with the hostnames in
+/// each:
+///
+/// ```toml
+/// [[rack]]
+/// name = "r1"
+/// hosts = ["node01", "node02"]
+///
+/// [[rack]]
+/// name = "r2"
+/// hosts = ["node03", "node04"]
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyFile {
+    #[serde(default)]
+    pub rack: Vec<RackEntry>,
+}
+
+/// One rack of a [`TopologyFile`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RackEntry {
+    pub name: String,
+    pub hosts: Vec<String>,
+}
+
+impl TopologyFile {
+    /// Parses a topology file's text, JSON if `json`, else TOML, and checks that no
+    /// host is in two racks and no rack name is empty or repeated.
+    ///
+    /// # Errors
+    /// A configuration error saying what is wrong.
+    pub fn parse(text: &str, json: bool) -> Result<TopologyFile> {
+        let f: TopologyFile = if json {
+            serde_json::from_str(text).map_err(|e| Error::config(format!("topology file: {e}")))?
+        } else {
+            toml::from_str(text).map_err(|e| Error::config(format!("topology file: {e}")))?
+        };
+        let mut seen: HashMap<&str, &str> = HashMap::new();
+        let mut names: HashMap<&str, ()> = HashMap::new();
+        for r in &f.rack {
+            if r.name.trim().is_empty() {
+                return Err(Error::config("topology file: a rack has an empty name"));
+            }
+            if names.insert(&r.name, ()).is_some() {
+                return Err(Error::config(format!("topology file: rack {:?} appears twice", r.name)));
+            }
+            for h in &r.hosts {
+                if let Some(other) = seen.insert(h, &r.name) {
+                    return Err(Error::config(format!(
+                        "topology file: host {h:?} is in rack {other:?} and in rack {:?}",
+                        r.name
+                    )));
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    /// Reads and parses the file at `path` (JSON if it ends in `.json`).
+    ///
+    /// # Errors
+    /// A configuration error naming the file.
+    pub fn load(path: &Path) -> Result<TopologyFile> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::config(format!("cannot read the topology file {}: {e}", path.display())))?;
+        let json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+        TopologyFile::parse(&text, json).map_err(|e| Error::config(format!("{}: {e}", path.display())))
+    }
+
+    /// The rack of `host` (a hostname or a host identity).
+    pub fn rack_of(&self, host: &str) -> Option<&str> {
+        let name = hostname_of(host);
+        self.rack.iter().find(|r| r.hosts.iter().any(|h| h == name)).map(|r| r.name.as_str())
+    }
+}
+
+/// Parses a Linux CPU list (`0-3,8,10-11`).
+fn parse_cpulist(s: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if b < a || b - a > 1 << 16 {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// The NUMA node whose CPUs include every CPU in `allowed`, among `nodes` (node
+/// number, its CPU list).
+fn node_holding(allowed: &[u32], nodes: &[(u32, Vec<u32>)]) -> Option<u32> {
+    if allowed.is_empty() {
+        return None;
+    }
+    nodes.iter().find(|(_, cpus)| allowed.iter().all(|c| cpus.contains(c))).map(|(n, _)| *n)
+}
+
+/// The NUMA node of this process: the node whose CPUs hold every CPU it may run on
+/// (`Cpus_allowed_list` of `/proc/self/status` against
+/// `/sys/devices/system/node/node*/cpulist`); `None` when the process may run on
+/// several nodes or sysfs says nothing.
+pub fn numa_node() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).and_then(parse_cpulist)?;
+    let mut nodes = Vec::new();
+    for e in std::fs::read_dir("/sys/devices/system/node").ok()?.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str().and_then(|s| s.strip_prefix("node")).and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(cpus) = std::fs::read_to_string(e.path().join("cpulist")).ok().and_then(|s| parse_cpulist(&s)) {
+            nodes.push((n, cpus));
+        }
+    }
+    node_holding(&allowed, &nodes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn placed(host: &str, rack: Option<&str>, numa: Option<u32>) -> Placement {
+        Placement { host: host.into(), rack: rack.map(Into::into), numa }
+    }
+
     #[test]
     fn interleaved_placement_gets_contiguous_ring() {
         let t = Topology::from_hosts(&["a", "b", "a", "b", "c", "a"]);
         assert_eq!(t.host_count(), 3);
+        assert_eq!(t.rack_count(), 1);
         let ring = t.ring_order();
         assert_eq!(ring, vec![0, 2, 5, 1, 3, 4]);
         assert_eq!(t.ring_host_crossings(&(0..6).collect::<Vec<_>>()), 5);
@@ -111,8 +407,94 @@ mod tests {
     }
 
     #[test]
+    fn racks_then_hosts_then_numa() {
+        // Hosts h0..h3, racks r0 = {h0, h2}, r1 = {h1, h3}, two ranks per host,
+        // placed round-robin over the hosts (the worst case for a flat ring).
+        let hosts = ["h0", "h1", "h2", "h3"];
+        let p: Vec<Placement> = (0..8)
+            .map(|i| {
+                let h = i % 4;
+                placed(hosts[h], Some(if h % 2 == 0 { "r0" } else { "r1" }), Some((i / 4) as u32))
+            })
+            .collect();
+        let t = Topology::from_placements(&p);
+        assert_eq!((t.rack_count(), t.host_count()), (2, 4));
+        assert_eq!(t.rack_name(t.rack_of(3)), Some("r1"));
+        assert_eq!(t.level(0, 0), Level::Rank);
+        assert_eq!(t.level(0, 4), Level::Host);
+        assert_eq!(t.level(0, 2), Level::Rack);
+        assert_eq!(t.level(0, 1), Level::Spine);
+        let flat: Vec<usize> = (0..8).collect();
+        assert_eq!(t.ring_crossings(&flat, Level::Spine), 8);
+        let ring = t.ring_order();
+        assert_eq!(ring, vec![0, 4, 2, 6, 1, 5, 3, 7]);
+        assert_eq!(t.ring_crossings(&ring, Level::Spine), 2);
+        assert_eq!(t.ring_crossings(&ring, Level::Rack), 4);
+        // A subset keeps the racks.
+        let s = t.subset(&[1, 2, 3]);
+        assert_eq!((s.rack_count(), s.level(0, 2)), (2, Level::Rack));
+        let shown = t.to_string();
+        assert!(shown.starts_with("8 ranks on 4 hosts in 2 racks"), "{shown}");
+        assert!(shown.contains("rack r1\n  host h1: ranks 1 (numa 0), 5 (numa 1)"), "{shown}");
+    }
+
+    #[test]
+    fn unplaced_hosts_share_a_rack_and_the_first_named_rack_wins() {
+        let t = Topology::from_placements(&[
+            placed("a", None, None),
+            placed("b", Some("r"), None),
+            placed("b", Some("other"), None),
+            placed("c", None, None),
+        ]);
+        assert_eq!(t.rack_count(), 2);
+        assert_eq!(t.rack_of(0), t.rack_of(3));
+        assert_eq!(t.rack_name(t.rack_of(2)), Some("r"));
+        assert_eq!(t.rack_name(t.rack_of(0)), None);
+    }
+
+    #[test]
     fn single_host_is_identity() {
         assert_eq!(Topology::single_host(4).ring_order(), vec![0, 1, 2, 3]);
         assert!(host_identity().contains('/'));
+        assert_eq!(hostname_of(&host_identity()), hostname());
+    }
+
+    #[test]
+    fn topology_files_in_toml_and_json() {
+        let toml_text =
+            "[[rack]]\nname = \"r1\"\nhosts = [\"n1\", \"n2\"]\n\n[[rack]]\nname = \"r2\"\nhosts = [\"n3\"]\n";
+        let t = TopologyFile::parse(toml_text, false).unwrap();
+        assert_eq!(t.rack_of("n2"), Some("r1"));
+        assert_eq!(t.rack_of("n3/0123-boot"), Some("r2"));
+        assert_eq!(t.rack_of("n4"), None);
+        let j = TopologyFile::parse(&serde_json::to_string(&t).unwrap(), true).unwrap();
+        assert_eq!(j, t);
+        for (bad, what) in [
+            ("[[rack]]\nname = \"r1\"\nhosts = [\"n1\"]\n[[rack]]\nname = \"r2\"\nhosts = [\"n1\"]\n", "in rack"),
+            ("[[rack]]\nname = \"r1\"\nhosts = []\n[[rack]]\nname = \"r1\"\nhosts = []\n", "twice"),
+            ("[[rack]]\nname = \"\"\nhosts = []\n", "empty"),
+            ("[[rack]]\nname = \"r\"\nhost = []\n", "unknown field"),
+            ("rack = 3", "invalid type"),
+        ] {
+            let e = TopologyFile::parse(bad, false).unwrap_err().to_string();
+            assert!(e.contains(what), "{bad:?}: {e}");
+        }
+        let e = TopologyFile::load(Path::new("/nonexistent/topo.toml")).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/topo.toml"), "{e}");
+    }
+
+    #[test]
+    fn cpu_lists_and_numa_nodes() {
+        assert_eq!(parse_cpulist("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(parse_cpulist(""), Some(vec![]));
+        assert_eq!(parse_cpulist("3-1"), None);
+        assert_eq!(parse_cpulist("x"), None);
+        let nodes = vec![(0, vec![0, 1, 2, 3]), (1, vec![4, 5, 6, 7])];
+        assert_eq!(node_holding(&[1, 2], &nodes), Some(0));
+        assert_eq!(node_holding(&[5], &nodes), Some(1));
+        assert_eq!(node_holding(&[3, 4], &nodes), None);
+        assert_eq!(node_holding(&[], &nodes), None);
+        // Whatever this machine has, asking does not fail.
+        let _ = numa_node();
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hcomm_collectives::{Group, Tuning};
 use hcomm_core::JobKey;
 use hcomm_core::{Error, ErrorKind, LocalTransport, OpKind, Result};
-use hcomm_topology::{Topology, host_identity};
+use hcomm_topology::{Placement, Topology, TopologyFile, host_identity, numa_node};
 use hcomm_transport::{MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh, shm};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
@@ -62,6 +62,11 @@ pub struct Config {
     /// Whether peers on this host are reached through shared memory (`HCOMM_SHM`,
     /// default on; see `hcomm_transport::shm`). Off, every peer is reached over TCP.
     pub shm: bool,
+    /// This rank's rack (`HCOMM_RACK`); `None`: the rack `topology` gives this host,
+    /// if any. See `hcomm_topology`.
+    pub rack: Option<String>,
+    /// The racks of the cluster, from the file `HCOMM_TOPOLOGY` names.
+    pub topology: Option<TopologyFile>,
     /// Whether rank 0 serves the store (off when the caller runs one).
     pub serve_store: bool,
     /// Read the algorithm tuning from the environment (`HCOMM_ALGO_ALLREDUCE`,
@@ -72,7 +77,44 @@ pub struct Config {
 #[derive(Debug, Serialize, Deserialize)]
 struct RankInfo {
     addr: SocketAddr,
-    host: String,
+    #[serde(flatten)]
+    place: Placement,
+}
+
+/// This rank's rack settings from the environment: `HCOMM_RACK`, and the file
+/// `HCOMM_TOPOLOGY` names.
+fn rack_env() -> Result<(Option<String>, Option<TopologyFile>)> {
+    let rack = match std::env::var("HCOMM_RACK") {
+        Ok(v) if v.trim().is_empty() => return Err(Error::config("HCOMM_RACK is empty")),
+        Ok(v) => Some(v.trim().to_owned()),
+        Err(_) => None,
+    };
+    let file = match std::env::var("HCOMM_TOPOLOGY") {
+        Ok(v) => Some(TopologyFile::load(std::path::Path::new(&v))?),
+        Err(_) => None,
+    };
+    Ok((rack, file))
+}
+
+fn placement_of(rack: Option<String>, file: Option<&TopologyFile>) -> Placement {
+    let host = host_identity();
+    let rack = rack.or_else(|| file?.rack_of(&host).map(str::to_owned));
+    Placement { host, rack, numa: numa_node() }
+}
+
+/// Where this process runs, from the environment alone (`HCOMM_RACK`,
+/// `HCOMM_TOPOLOGY`, sysfs): what it would report at bootstrap.
+///
+/// # Errors
+/// A configuration error for an empty `HCOMM_RACK` or a bad topology file.
+pub fn local_placement() -> Result<Placement> {
+    let (rack, file) = rack_env()?;
+    Ok(placement_of(rack, file.as_ref()))
+}
+
+/// The host identity of each rank.
+fn hosts_of(places: &[Placement]) -> Vec<String> {
+    places.iter().map(|p| p.host.clone()).collect()
 }
 
 /// A number of seconds, or `0` for off.
@@ -122,6 +164,8 @@ impl Config {
             shm: true,
             stream: StreamOptions::default(),
             auto_spin: true,
+            rack: None,
+            topology: None,
             serve_store: true,
             tuning_from_env: false,
         }
@@ -175,6 +219,7 @@ impl Config {
             // Process-wide, like the memory it bounds.
             hcomm_core::pool::set_limit(b);
         }
+        (c.rack, c.topology) = rack_env()?;
         if let Ok(v) = std::env::var("HCOMM_IFNAME") {
             c.ifname = Some(IfSpec::parse(&v)?);
         }
@@ -199,10 +244,11 @@ impl Config {
     /// Dropping the future closes every connection made so far; the job cannot start
     /// without this rank.
     pub async fn connect(self) -> Result<Communicator<StreamTransport>> {
-        let (streams, hosts, keep) = self.rendezvous().await?;
+        let (streams, places, keep) = self.rendezvous().await?;
+        let hosts = hosts_of(&places);
         let links = self.shared_memory(streams, &hosts).await?;
         let t = StreamTransport::tokio_links(self.rank, links, &self.stream_options(&hosts));
-        self.finish(t, &hosts, keep)
+        self.finish(t, &places, keep)
     }
 
     /// Replaces the connections to peers on this host by shared-memory links, where
@@ -244,7 +290,8 @@ impl Config {
     /// As [`Config::connect`].
     #[cfg(all(feature = "uring", target_os = "linux"))]
     pub async fn connect_uring(self) -> Result<Communicator<StreamTransport>> {
-        let (streams, hosts, keep) = self.rendezvous().await?;
+        let (streams, places, keep) = self.rendezvous().await?;
+        let hosts = hosts_of(&places);
         let links = self
             .shared_memory(streams, &hosts)
             .await?
@@ -257,7 +304,7 @@ impl Config {
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| Error::io("handing a socket to io_uring", e))?;
         let t = StreamTransport::uring_links(self.rank, links, &self.stream_options(&hosts));
-        self.finish(t, &hosts, keep)
+        self.finish(t, &places, keep)
     }
 
     /// `stream`, without the spins if this host is oversubscribed (`auto_spin`).
@@ -273,13 +320,14 @@ impl Config {
         o
     }
 
-    fn finish(&self, t: StreamTransport, hosts: &[String], keep: Keep) -> Result<Communicator<StreamTransport>> {
-        let mut group = Group::world(Arc::new(t), 0, Topology::from_hosts(hosts), self.timeout)?;
+    fn finish(&self, t: StreamTransport, places: &[Placement], keep: Keep) -> Result<Communicator<StreamTransport>> {
+        let mut group = Group::world(Arc::new(t), 0, Topology::from_placements(places), self.timeout)?;
         group.set_stall_warn(self.stall_warn);
         if self.tuning_from_env {
             group.set_tuning(Tuning::for_transport(group.transport().name()).with_env(|k| std::env::var(k).ok())?);
         }
-        tracing::debug!(rank = self.rank, size = self.size, hosts = group.topology().host_count(), "connected");
+        let topo = group.topology();
+        tracing::debug!(rank = self.rank, size = self.size, hosts = topo.host_count(), racks = topo.rack_count(), topology = %topo, "connected");
         Ok(Communicator::new(group, Arc::new(keep)))
     }
 
@@ -293,7 +341,12 @@ impl Config {
         Ok(if a.ip().is_loopback() { a } else { SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), a.port()) })
     }
 
-    async fn rendezvous(&self) -> Result<(Vec<Option<TcpStream>>, Vec<String>, Keep)> {
+    /// Where this rank runs, as it reports it to the others.
+    fn placement(&self) -> Placement {
+        placement_of(self.rack.clone(), self.topology.as_ref())
+    }
+
+    async fn rendezvous(&self) -> Result<(Vec<Option<TcpStream>>, Vec<Placement>, Keep)> {
         let (rank, size) = (self.rank, self.size);
         if size == 0 || rank >= size {
             return Err(Error::config(format!("rank {rank} of {size} ranks")));
@@ -325,7 +378,7 @@ impl Config {
         let listener = bind_listener(ip, self.port_range).await.map_err(|e| e.at_rank(rank))?;
         let me = RankInfo {
             addr: listener.local_addr().map_err(|e| Error::io("listener address", e))?,
-            host: host_identity(),
+            place: self.placement(),
         };
         let me = serde_json::to_string(&me).map_err(|e| boot(rank, e.to_string()))?;
         store.set(&format!("rank/{rank}"), &me).await.map_err(|e| e.at_rank(rank))?;
@@ -355,7 +408,7 @@ impl Config {
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| boot(rank, format!("malformed rank entry in the store: {e}")))?;
         let addrs: Vec<SocketAddr> = infos.iter().map(|i| i.addr).collect();
-        let hosts: Vec<String> = infos.into_iter().map(|i| i.host).collect();
+        let places: Vec<Placement> = infos.into_iter().map(|i| i.place).collect();
         let opts = MeshOptions {
             job,
             key,
@@ -363,7 +416,7 @@ impl Config {
             ..MeshOptions::default()
         };
         let streams = connect_mesh(rank, size, listener, &addrs, &opts).await?;
-        Ok((streams, hosts, keep))
+        Ok((streams, places, keep))
     }
 }
 

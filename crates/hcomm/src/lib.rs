@@ -49,7 +49,7 @@ pub mod stats;
 pub mod store;
 mod tune;
 
-pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
+pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, local_placement};
 /// The byte buffers of `send_bytes` and `recv_bytes`.
 pub use bytes::Bytes;
 pub use comm::{Communicator, RESERVED_TAGS};
@@ -59,7 +59,7 @@ pub use hcomm_collectives::{
 pub use hcomm_core::{
     DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
 };
-pub use hcomm_topology::Topology;
+pub use hcomm_topology::{Level, Placement, Topology, TopologyFile};
 pub use hcomm_transport::{HAS_URING, MemTransport, StreamOptions, StreamTransport};
 pub use tune::{TuneOptions, round_order, tune_sizes};
 

@@ -221,3 +221,40 @@ async fn hcomm_ifname_chooses_the_listener_or_says_why_not() {
         "{text}"
     );
 }
+
+/// Racks reach every rank's topology: rank 0 and 2 name theirs directly
+/// (`HCOMM_RACK`'s field), 1 and 3 find theirs in a topology file listing this host.
+/// All ranks run on this one host, so the host has one rack: the first named (rank
+/// 0's); the ring stays host-contiguous, and every rank sees the same topology.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racks_from_config_and_topology_file_reach_every_rank() {
+    let server = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash("racks"), 4).await.unwrap();
+    let me = hcomm::local_placement().unwrap().host;
+    let hostname = me.split('/').next().unwrap().to_owned();
+    let file = hcomm::TopologyFile::parse(&format!("[[rack]]\nname = \"file-rack\"\nhosts = [{hostname:?}]\n"), false)
+        .unwrap();
+    assert_eq!(file.rack_of(&me), Some("file-rack"));
+    let mut cs = configs(4, server.addr(), "racks");
+    let _keep = &server;
+    for (r, c) in cs.iter_mut().enumerate() {
+        c.shm = false;
+        if r % 2 == 0 {
+            c.rack = Some(format!("rack-{r}"));
+        } else {
+            c.topology = Some(file.clone());
+        }
+    }
+    let comms = futures::future::try_join_all(cs.into_iter().map(Config::connect)).await.unwrap();
+    for c in &comms {
+        let t = c.topology();
+        assert_eq!((t.size(), t.host_count(), t.rack_count()), (4, 1, 1));
+        assert_eq!(t.rack_name(0), Some("rack-0"));
+        assert_eq!(t.placement(1).rack.as_deref(), Some("file-rack"));
+        assert_eq!(t.placement(2).rack.as_deref(), Some("rack-2"));
+        assert_eq!(t.placement(3).host, me);
+        assert_eq!(t.level(0, 3), hcomm::Level::Host);
+        assert_eq!(t.ring_order(), vec![0, 1, 2, 3]);
+        assert_eq!(*t, *comms[0].topology());
+    }
+    check_allreduce::<_, f32>(&comms, 1001, ReduceOp::Sum, 3).await;
+}

@@ -1,5 +1,6 @@
 //! The `hcomm` command: `hcomm run -n N [--] PROGRAM [ARGS...]` starts N local ranks;
-//! `hcomm stats FILES...` merges per-rank statistics files (`HCOMM_STATS_FILE`).
+//! `hcomm stats FILES...` merges per-rank statistics files (`HCOMM_STATS_FILE`);
+//! `hcomm topo` prints the topology (`hcomm run -n N -- hcomm topo`: the job's).
 
 use std::ffi::OsString;
 
@@ -38,12 +39,55 @@ enum Cmd {
         #[arg(long)]
         per_rank: bool,
     },
+    /// Print the topology. Alone: this process's placement (host identity, rack from
+    /// HCOMM_RACK or HCOMM_TOPOLOGY, NUMA node). As a rank of a job (`hcomm run -n N
+    /// -- hcomm topo`, or any launcher HComm reads): the job's racks, hosts and
+    /// ranks, printed by rank 0 after bootstrap.
+    Topo,
+}
+
+fn topo() -> i32 {
+    let fail = |e: hcomm::Error| {
+        eprintln!("hcomm topo: {e}");
+        1
+    };
+    if hcomm::env::LaunchEnv::from_env().is_err() {
+        // Not a rank of a job: this process's own view.
+        return match hcomm::local_placement() {
+            Ok(p) => {
+                println!("host: {}", p.host);
+                println!(
+                    "rack: {}",
+                    p.rack.as_deref().unwrap_or("(none: HCOMM_RACK unset, and no HCOMM_TOPOLOGY file lists this host)")
+                );
+                match p.numa {
+                    Some(n) => println!("numa node: {n}"),
+                    None => println!("numa node: (this process may run on several, or sysfs says nothing)"),
+                }
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(hcomm::Error::io("starting a runtime", e)),
+    };
+    rt.block_on(async {
+        let comm = hcomm::init().await?;
+        if comm.rank() == 0 {
+            print!("{}", comm.topology());
+        }
+        comm.barrier().await
+    })
+    .map_or_else(fail, |()| 0)
 }
 
 fn main() {
     let cli = Cli::parse();
     let (ranks, no_prefix, mut command) = match cli.cmd {
         Cmd::Run { ranks, no_prefix, command } => (ranks, no_prefix, command),
+        Cmd::Topo => std::process::exit(topo()),
         Cmd::Stats { files, per_rank } => match hcomm::stats::read_files(&files) {
             Ok(ranks) => {
                 if per_rank {
