@@ -9,8 +9,10 @@
  * reduce_scatter and alltoall is the whole buffer (one block per rank); broadcast's
  * root is rank 0. The results of the first operation of each size are checked.
  *
- * usage: mpi_coll MIN MAX OPS   (OPS comma-separated: allreduce,broadcast,allgather,
- *                                reduce_scatter,alltoall)
+ * usage: mpi_coll MIN MAX OPS [MAXITERS]
+ *   OPS comma-separated: allreduce,broadcast,allgather,reduce_scatter,alltoall;
+ *   MAXITERS lowers the 1000 iterations cap (for an MPI that busy-polls oversubscribed
+ *   cores and takes milliseconds per operation).
  * output: op bytes iters avg_us min_us max_us */
 #include <mpi.h>
 #include <stdio.h>
@@ -69,6 +71,7 @@ int main(int argc, char **argv) {
     }
     long min = atol(argv[1]), max = atol(argv[2]);
     char *ops = strdup(argv[3]);
+    long cap_iters = argc > 4 ? atol(argv[4]) : 1000;
     long cap = max / 4 + 1;
     float *a = malloc(cap * sizeof(float)), *b = malloc(cap * sizeof(float));
     for (char *op = strtok(ops, ","); op; op = strtok(NULL, ",")) {
@@ -79,6 +82,7 @@ int main(int argc, char **argv) {
             if (blocked) elems -= elems % size;
             long iters = (64L << 20) / bytes;
             iters = iters < 10 ? 10 : iters > 1000 ? 1000 : iters;
+            if (iters > cap_iters) iters = cap_iters > 1 ? cap_iters : 1;
             long warm = iters / 10 < 2 ? 2 : iters / 10;
             for (long i = 0; i < elems; i++) {
                 a[i] = (float)(rank + 1);

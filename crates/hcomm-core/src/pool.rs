@@ -11,7 +11,9 @@
 //! A [`PoolBuf`] is an ordinary [`BytesMut`] while it is filled; [`PoolBuf::freeze`]
 //! turns it into [`Bytes`] whose last clone, when dropped, gives the memory back to
 //! its class instead of to the allocator. The pool keeps at most [`limit`] bytes
-//! (256 MiB unless [`set_limit`] says otherwise); buffers beyond that are freed.
+//! (512 MiB unless [`set_limit`] says otherwise: 64 messages of 4 MiB in flight, an
+//! osu_bw window, fit; at 256 MiB that window's bandwidth halved); buffers beyond
+//! that are freed.
 //! Pooled memory stays resident, as the registration caches of MPI libraries do.
 
 use std::ops::{Deref, DerefMut};
@@ -26,7 +28,7 @@ pub const MIN_POOLED: usize = 64 << 10;
 const MIN_SHIFT: u32 = MIN_POOLED.trailing_zeros();
 /// Classes from 64 KiB to 1 GiB.
 const CLASSES: usize = 15;
-const DEFAULT_LIMIT: usize = 256 << 20;
+const DEFAULT_LIMIT: usize = 512 << 20;
 
 struct Pool {
     classes: [Mutex<Vec<BytesMut>>; CLASSES],
