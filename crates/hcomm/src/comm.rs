@@ -9,7 +9,7 @@ use hcomm_collectives as coll;
 use hcomm_collectives::Group;
 use hcomm_core::events;
 use hcomm_core::{
-    Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag,
+    DType, Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag,
 };
 use hcomm_topology::Topology;
 use hcomm_transport::StreamTransport;
@@ -403,16 +403,7 @@ impl<T: LocalTransport> Communicator<T> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let mut buf = self.group.transport().send_buffer(bytes.len());
         buf.extend_from_slice(bytes);
-        let payload = buf.freeze();
-        let sig = Signature {
-            op: OpKind::Send,
-            dtype: Some(E::DTYPE),
-            reduce: None,
-            count: data.len() as u64,
-            root: None,
-            algo: 0,
-        };
-        self.send_payload(dst, tag, sig, payload)
+        self.send_payload(dst, tag, p2p_signature(E::DTYPE, data.len()), buf.freeze())
     }
 
     /// Sends `payload` to rank `dst` under `tag` without copying it: the transport
@@ -431,15 +422,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Cancel safety
     /// As [`Communicator::send`]: the message is queued when this method is called.
     pub fn send_bytes(&self, dst: usize, tag: Tag, payload: Bytes) -> impl Future<Output = Result<()>> + '_ {
-        let sig = Signature {
-            op: OpKind::Send,
-            dtype: Some(u8::DTYPE),
-            reduce: None,
-            count: payload.len() as u64,
-            root: None,
-            algo: 0,
-        };
-        self.send_payload(dst, tag, sig, payload)
+        self.send_payload(dst, tag, p2p_signature(u8::DTYPE, payload.len()), payload)
     }
 
     fn send_payload(
@@ -1060,4 +1043,9 @@ fn p2p_done(me: usize, op: OpKind, peer: usize, bytes: u64, start: std::time::In
 /// Mean bytes per rank of a counts vector of `E`.
 fn mean_bytes<E: Element>(counts: &[usize]) -> usize {
     std::mem::size_of::<E>() * counts.iter().sum::<usize>() / counts.len().max(1)
+}
+
+/// The signature of a point-to-point message of `count` elements of `dtype`.
+fn p2p_signature(dtype: DType, count: usize) -> Signature {
+    Signature { op: OpKind::Send, dtype: Some(dtype), reduce: None, count: count as u64, root: None, algo: 0 }
 }
