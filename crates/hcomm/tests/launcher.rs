@@ -52,3 +52,43 @@ fn bad_invocations_are_clear() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not start"));
 }
+
+/// `hcomm topo` as the ranks of a job: rank 0 prints the job's racks; a bad variable
+/// stops every rank with an error that names it.
+#[test]
+fn topo_prints_the_job_and_bad_variables_are_named() {
+    let dir = std::env::temp_dir().join(format!("hcomm-topo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let file = dir.join("racks.toml");
+    std::fs::write(&file, format!("[[rack]]\nname = \"from-file\"\nhosts = [{:?}]\n", host.trim())).unwrap();
+    let topo = |env: &[(&str, &str)]| {
+        let mut c = hcomm();
+        c.args(["run", "-n", "2", "--no-prefix", "--", env!("CARGO_BIN_EXE_hcomm"), "topo"]);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = topo(&[("HCOMM_TOPOLOGY", file.to_str().unwrap())]);
+    assert!(ok, "{out}");
+    assert!(out.contains("2 ranks on 1 hosts in 1 racks\nrack from-file\n"), "{out}");
+    let (ok, out) = topo(&[("HCOMM_TOPOLOGY", file.to_str().unwrap()), ("HCOMM_RACK", "env-rack")]);
+    assert!(ok && out.contains("rack env-rack\n"), "{out}");
+    for (var, value, says) in [
+        ("HCOMM_TCP_SPIN_US", "soon", "HCOMM_TCP_SPIN_US=\"soon\" is not a whole number of microseconds"),
+        ("HCOMM_SHM_SPIN_US", "-1", "HCOMM_SHM_SPIN_US=\"-1\""),
+        ("HCOMM_RACK", " ", "HCOMM_RACK is empty"),
+        ("HCOMM_TOPOLOGY", "/nonexistent/racks.toml", "cannot read the topology file /nonexistent/racks.toml"),
+        ("HCOMM_POOL_BYTES", "lots", "HCOMM_POOL_BYTES"),
+    ] {
+        let (ok, out) = topo(&[(var, value)]);
+        assert!(!ok, "{var}={value} was accepted: {out}");
+        assert!(out.contains(says), "{var}={value}: {out}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
