@@ -238,6 +238,175 @@ impl fmt::Display for Topology {
     }
 }
 
+/// A Cartesian grid of ranks (`dims`, row-major: the last dimension varies fastest),
+/// each dimension periodic or not, with the neighbour arithmetic of `MPI_Cart_*`.
+/// A grid position is a *grid rank*: `0..product(dims)` in row-major order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grid {
+    dims: Vec<usize>,
+    periodic: Vec<bool>,
+}
+
+impl Grid {
+    /// A grid of `dims`, periodic where `periodic` says (missing entries: not).
+    ///
+    /// # Errors
+    /// An invalid-argument error for no dimensions or a zero extent.
+    pub fn new(dims: &[usize], periodic: &[bool]) -> Result<Grid> {
+        if dims.is_empty() || dims.contains(&0) {
+            return Err(Error::invalid(format!("grid dimensions {dims:?}: need at least one, none zero")));
+        }
+        let periodic = (0..dims.len()).map(|i| periodic.get(i).copied().unwrap_or(false)).collect();
+        Ok(Grid { dims: dims.to_vec(), periodic })
+    }
+
+    /// The extents.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Number of positions.
+    pub fn size(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// The coordinates of grid rank `g`.
+    pub fn coords(&self, mut g: usize) -> Vec<usize> {
+        let mut c = vec![0; self.dims.len()];
+        for (i, &d) in self.dims.iter().enumerate().rev() {
+            c[i] = g % d;
+            g /= d;
+        }
+        c
+    }
+
+    /// The grid rank at `coords` (periodic dimensions wrap), or `None` off the grid.
+    pub fn rank_at(&self, coords: &[isize]) -> Option<usize> {
+        let mut g = 0;
+        for ((&c, &d), &p) in coords.iter().zip(&self.dims).zip(&self.periodic) {
+            let d = d as isize;
+            let c = if p { c.rem_euclid(d) } else { c };
+            if !(0..d).contains(&c) {
+                return None;
+            }
+            g = g * d as usize + c as usize;
+        }
+        Some(g)
+    }
+
+    /// As `MPI_Cart_shift`: for grid rank `g`, the grid ranks `disp` steps back and
+    /// forward along `dim` — the source to receive from and the destination to send
+    /// to in a shift — each `None` where it falls off a non-periodic edge.
+    pub fn shift(&self, g: usize, dim: usize, disp: isize) -> (Option<usize>, Option<usize>) {
+        let c: Vec<isize> = self.coords(g).into_iter().map(|x| x as isize).collect();
+        let mut back = c.clone();
+        let mut forward = c;
+        back[dim] -= disp;
+        forward[dim] += disp;
+        (self.rank_at(&back), self.rank_at(&forward))
+    }
+
+    /// The distinct grid ranks one step away from `g` in every dimension.
+    pub fn neighbours(&self, g: usize) -> Vec<usize> {
+        let mut n: Vec<usize> = (0..self.dims.len())
+            .flat_map(|d| {
+                let (a, b) = self.shift(g, d, 1);
+                [a, b]
+            })
+            .flatten()
+            .filter(|&x| x != g)
+            .collect();
+        n.sort_unstable();
+        n.dedup();
+        n
+    }
+
+    /// Where to put the ranks of `topo` on this grid: `order[g]` is the rank for grid
+    /// rank `g`. Ranks in ring order (rack, host, NUMA node) fill the grid tile by
+    /// tile, a tile holding as many positions as the first host has ranks, its shape
+    /// the one with the least surface that divides the grid; so grid neighbours share
+    /// a host as often as the hardware allows. Where no tile shape fits (hosts of
+    /// unequal size, extents that do not divide), ranks fill the grid in row-major
+    /// order, which still keeps each host's ranks in whole rows where they fit.
+    ///
+    /// # Errors
+    /// An invalid-argument error if the grid does not have `topo.size()` positions.
+    pub fn placement(&self, topo: &Topology) -> Result<Vec<usize>> {
+        if self.size() != topo.size() {
+            return Err(Error::invalid(format!(
+                "a grid of {:?} has {} positions for {} ranks",
+                self.dims,
+                self.size(),
+                topo.size()
+            )));
+        }
+        let ranks = topo.ring_order();
+        let per_host = (0..topo.host_count()).map(|h| (0..topo.size()).filter(|&r| topo.host_of(r) == h).count());
+        let per_host: Vec<usize> = per_host.collect();
+        let cells = match per_host.iter().all(|&k| k == per_host[0]).then(|| self.tile(per_host[0])).flatten() {
+            Some(tile) => self.tiled_order(&tile),
+            None => (0..self.size()).collect(),
+        };
+        let mut order = vec![0; self.size()];
+        for (cell, rank) in cells.into_iter().zip(ranks) {
+            order[cell] = rank;
+        }
+        Ok(order)
+    }
+
+    /// The tile of `k` positions (extents dividing the grid's) with the least surface.
+    fn tile(&self, k: usize) -> Option<Vec<usize>> {
+        fn search(dims: &[usize], k: usize, cur: &mut Vec<usize>, best: &mut Option<(usize, Vec<usize>)>) {
+            let i = cur.len();
+            if i == dims.len() {
+                if k == 1 {
+                    let vol: usize = cur.iter().product();
+                    let surface = cur.iter().map(|&t| vol / t).sum();
+                    if best.as_ref().is_none_or(|(s, _)| surface < *s) {
+                        *best = Some((surface, cur.clone()));
+                    }
+                }
+                return;
+            }
+            for t in (1..=dims[i]).filter(|t| dims[i] % t == 0 && k % t == 0) {
+                cur.push(t);
+                search(dims, k / t, cur, best);
+                cur.pop();
+            }
+        }
+        let mut best = None;
+        search(&self.dims, k, &mut Vec::new(), &mut best);
+        best.map(|(_, t)| t)
+    }
+
+    /// Grid ranks tile by tile (tiles in row-major order, positions within a tile in
+    /// row-major order).
+    fn tiled_order(&self, tile: &[usize]) -> Vec<usize> {
+        let tiles =
+            Grid { dims: self.dims.iter().zip(tile).map(|(d, t)| d / t).collect(), periodic: self.periodic.clone() };
+        let inner = Grid { dims: tile.to_vec(), periodic: self.periodic.clone() };
+        let mut out = Vec::with_capacity(self.size());
+        for t in 0..tiles.size() {
+            let tc = tiles.coords(t);
+            for i in 0..inner.size() {
+                let c: Vec<isize> =
+                    inner.coords(i).iter().zip(&tc).zip(tile).map(|((&x, &y), &w)| (y * w + x) as isize).collect();
+                out.push(self.rank_at(&c).expect("inside the grid"));
+            }
+        }
+        out
+    }
+
+    /// Number of neighbour pairs (each counted once) whose ranks under `order`
+    /// (`order[g]`: the rank at grid rank `g`) share no level below `level` in `topo`.
+    pub fn crossings(&self, order: &[usize], topo: &Topology, level: Level) -> usize {
+        (0..self.size())
+            .flat_map(|g| self.neighbours(g).into_iter().filter(move |&n| n > g).map(move |n| (g, n)))
+            .filter(|&(g, n)| topo.level(order[g], order[n]) >= level)
+            .count()
+    }
+}
+
 /// The hostname part of a host identity or a hostname.
 fn hostname_of(id: &str) -> &str {
     id.split('/').next().unwrap_or(id)
@@ -481,6 +650,49 @@ mod tests {
         }
         let e = TopologyFile::load(Path::new("/nonexistent/topo.toml")).unwrap_err().to_string();
         assert!(e.contains("/nonexistent/topo.toml"), "{e}");
+    }
+
+    #[test]
+    fn grid_arithmetic_as_mpi_cart() {
+        let g = Grid::new(&[3, 4], &[false, true]).unwrap();
+        assert_eq!(g.size(), 12);
+        assert_eq!(g.coords(7), vec![1, 3]);
+        assert_eq!(g.rank_at(&[1, 3]), Some(7));
+        assert_eq!(g.rank_at(&[1, 4]), Some(4), "dimension 1 wraps");
+        assert_eq!(g.rank_at(&[3, 0]), None, "dimension 0 does not");
+        assert_eq!(g.shift(7, 0, 1), (Some(3), Some(11)));
+        assert_eq!(g.shift(3, 0, 1), (None, Some(7)));
+        assert_eq!(g.shift(7, 1, 1), (Some(6), Some(4)));
+        assert_eq!(g.neighbours(0), vec![1, 3, 4]);
+        assert_eq!(Grid::new(&[2], &[true]).unwrap().neighbours(0), vec![1]);
+        assert!(Grid::new(&[], &[]).is_err() && Grid::new(&[2, 0], &[]).is_err());
+    }
+
+    #[test]
+    fn grid_placement_keeps_neighbours_on_a_host() {
+        // 64 ranks, 8 per host, placed round-robin (rank r on host r % 8): an 8 x 8
+        // grid in rank order puts each column on one host, so every one of the 56
+        // horizontal neighbour pairs joins two hosts.
+        let ids: Vec<String> = (0..64).map(|r| format!("h{}", r % 8)).collect();
+        let t = Topology::from_hosts(&ids);
+        let g = Grid::new(&[8, 8], &[]).unwrap();
+        let naive: Vec<usize> = (0..64).collect();
+        let placed = g.placement(&t).unwrap();
+        let mut sorted = placed.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, naive, "a permutation of the ranks");
+        let (before, after) = (g.crossings(&naive, &t, Level::Rack), g.crossings(&placed, &t, Level::Rack));
+        assert_eq!(before, 56);
+        // One 2 x 4 tile per host; only pairs across tile edges cross: 8 across the
+        // one vertical edge, 3 x 8 across the three horizontal ones.
+        assert_eq!(g.tile(8), Some(vec![2, 4]));
+        assert_eq!(after, 32);
+        // Unequal hosts: row-major over the ring order.
+        let t = Topology::from_hosts(&["a", "b", "a", "a", "b", "a"]);
+        let g = Grid::new(&[2, 3], &[]).unwrap();
+        let placed = g.placement(&t).unwrap();
+        assert_eq!(g.crossings(&placed, &t, Level::Rack), 3);
+        assert!(Grid::new(&[2, 2], &[]).unwrap().placement(&t).is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use hcomm_core::events;
 use hcomm_core::{
     DType, Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag,
 };
-use hcomm_topology::Topology;
+use hcomm_topology::{Grid, Topology};
 use hcomm_transport::StreamTransport;
 use tracing::Instrument;
 
@@ -370,6 +370,40 @@ impl<T: LocalTransport> Communicator<T> {
         let span = tracing::debug_span!("split", seq = ctx.seq(), ?color, key);
         let keep = self.keep.clone();
         async move { Ok(coll::split(ctx, color, key).await?.map(|g| Communicator::new(g, keep))) }.instrument(span)
+    }
+
+    /// A communicator laid out as a Cartesian grid of `dims` (row-major; `periodic`
+    /// per dimension), as `MPI_Cart_create` with reordering: its rank `g` is grid
+    /// position `g`, and the ranks are placed so that grid neighbours share a host as
+    /// often as the topology allows ([`Grid::placement`]). Use the returned [`Grid`]
+    /// for coordinates and shifts ([`Grid::shift`], as `MPI_Cart_shift`). Collective:
+    /// every rank must call it with the same arguments.
+    ///
+    /// [`Grid`]: hcomm_topology::Grid
+    /// [`Grid::placement`]: hcomm_topology::Grid::placement
+    /// [`Grid::shift`]: hcomm_topology::Grid::shift
+    ///
+    /// # Errors
+    /// An invalid-argument error if the grid is empty or its size is not this
+    /// communicator's; otherwise as [`Communicator::split`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::split`].
+    pub fn grid(
+        &self,
+        dims: &[usize],
+        periodic: &[bool],
+    ) -> impl Future<Output = Result<(Communicator<T>, Grid)>> + '_ {
+        let planned = Grid::new(dims, periodic).and_then(|g| {
+            let order = g.placement(self.topology())?;
+            let me = order.iter().position(|&r| r == self.rank()).expect("the placement is a permutation");
+            Ok((g, me))
+        });
+        async move {
+            let (g, me) = planned.map_err(|e| e.at_rank(self.rank()))?;
+            let comm = self.split(Some(0), me as i64).await?.expect("every rank passes colour 0");
+            Ok((comm, g))
+        }
     }
 
     fn check_peer(&self, peer: usize, op: OpKind) -> Result<usize> {

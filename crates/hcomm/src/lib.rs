@@ -59,7 +59,7 @@ pub use hcomm_collectives::{
 pub use hcomm_core::{
     DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
 };
-pub use hcomm_topology::{Level, Placement, Topology, TopologyFile};
+pub use hcomm_topology::{Grid, Level, Placement, Topology, TopologyFile};
 pub use hcomm_transport::{HAS_URING, MemTransport, StreamOptions, StreamTransport};
 pub use tune::{TuneOptions, round_order, tune_sizes};
 

@@ -215,3 +215,49 @@ async fn allgather_and_split() {
         }
     }
 }
+
+/// `grid`: on one host the placement is row-major, so grid rank = rank; a shift along
+/// each dimension (periodic in the second) reaches the neighbours `Grid::shift` names,
+/// and each receives the right coordinates. A grid of the wrong size is refused.
+#[tokio::test(flavor = "current_thread")]
+async fn grid_communicator_shifts_reach_the_neighbours() {
+    let comms = hcomm::local(12);
+    let grids = join_all(comms.iter().map(|c| c.grid(&[3, 4], &[false, true]))).await;
+    let grids: Vec<(hcomm::Communicator<hcomm::MemTransport>, hcomm::Grid)> =
+        grids.into_iter().map(|g| g.unwrap()).collect();
+    for (r, (c, g)) in grids.iter().enumerate() {
+        assert_eq!((c.size(), c.rank(), g.size()), (12, r, 12));
+    }
+    for dim in 0..2 {
+        let got = join_all(grids.iter().map(|(c, g)| async move {
+            let me = c.rank();
+            let (from, to) = g.shift(me, dim, 1);
+            let coords: Vec<u64> = g.coords(me).into_iter().map(|x| x as u64).collect();
+            let send = async {
+                match to {
+                    Some(t) => c.send(t, 5, &coords).await,
+                    None => Ok(()),
+                }
+            };
+            let recv = async {
+                match from {
+                    Some(f) => c.recv::<u64>(f, 5).await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let (s, got) = futures::join!(send, recv);
+            s.unwrap();
+            (me, from, got.unwrap())
+        }))
+        .await;
+        let g = &grids[0].1;
+        for (me, from, got) in got {
+            let want = from.map(|f| g.coords(f).into_iter().map(|x| x as u64).collect::<Vec<u64>>());
+            assert_eq!(got, want, "grid rank {me}, dimension {dim}");
+            // Dimension 1 is periodic: everyone has a source; dimension 0 is not.
+            assert_eq!(from.is_none(), dim == 0 && me < 4, "grid rank {me}, dimension {dim}");
+        }
+    }
+    let e = comms[0].grid(&[5, 5], &[]).await.unwrap_err();
+    assert!(e.to_string().contains("25 positions for 12 ranks"), "{e}");
+}
