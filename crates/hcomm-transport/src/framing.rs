@@ -183,10 +183,6 @@ fn protocol(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Protocol, msg)
 }
 
-fn whole(p: Partial) -> Frame {
-    Frame { header: p.header, payload: p.data.freeze() }
-}
-
 impl Assembler {
     pub fn new(peer: usize) -> Assembler {
         Assembler { buf: BytesMut::with_capacity(READ_CHUNK), partial: HashMap::new(), peer: peer as u32, direct: None }
@@ -271,7 +267,11 @@ impl Assembler {
     /// The message `id`, removed if it is complete.
     fn take_if_whole(&mut self, id: u64) -> Option<Frame> {
         let p = &self.partial[&id];
-        (p.data.len() as u64 == p.header.msg_len).then(|| whole(self.partial.remove(&id).expect("present")))
+        if p.data.len() as u64 != p.header.msg_len {
+            return None;
+        }
+        let p = self.partial.remove(&id).expect("present");
+        Some(Frame { header: p.header, payload: p.data.freeze() })
     }
 
     /// The next complete message in the bytes received so far.

@@ -575,11 +575,7 @@ mod tokio_io {
                     tokio::task::yield_now().await;
                 }
             }
-            let res = if limit < buf.capacity() - buf.len() {
-                (&mut self.half).take(limit as u64).read_buf(&mut buf).await
-            } else {
-                self.half.read_buf(&mut buf).await
-            };
+            let res = self.half.read_buf(&mut (&mut buf).limit(limit)).await;
             (res, buf)
         }
     }

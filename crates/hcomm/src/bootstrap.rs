@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::comm::{Communicator, Keep};
-use crate::env::{LaunchEnv, duration_var, size_var};
+use crate::env::{LaunchEnv, duration_var, micros_var, size_var};
 use crate::ifname::IfSpec;
 use crate::store::{StoreClient, StoreServer};
 
@@ -123,18 +123,6 @@ fn parse_off_or_seconds(var: &str, v: &str, what: &str) -> Result<Option<Duratio
         Ok(0.0) => Ok(None),
         Ok(s) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
         _ => Err(Error::config(format!("{var}={v:?} is not a number of seconds (0 turns {what} off)"))),
-    }
-}
-
-/// A whole number of microseconds from the environment.
-fn micros_var(var: &str) -> Result<Option<Duration>> {
-    match std::env::var(var) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .map(|us| Some(Duration::from_micros(us)))
-            .map_err(|_| Error::config(format!("{var}={v:?} is not a whole number of microseconds"))),
-        Err(_) => Ok(None),
     }
 }
 

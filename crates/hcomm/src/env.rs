@@ -217,6 +217,21 @@ pub fn duration_var(var: &str) -> Result<Option<Duration>> {
     }
 }
 
+/// A whole number of microseconds from the environment (`0` allowed).
+///
+/// # Errors
+/// A configuration error naming the variable if it is not one.
+pub fn micros_var(var: &str) -> Result<Option<Duration>> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(|us| Some(Duration::from_micros(us)))
+            .map_err(|_| Error::config(format!("{var}={v:?} is not a whole number of microseconds"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

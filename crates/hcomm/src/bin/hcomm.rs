@@ -51,7 +51,7 @@ fn topo() -> i32 {
         eprintln!("hcomm topo: {e}");
         1
     };
-    if hcomm::env::LaunchEnv::from_env().is_err() {
+    if !hcomm::env::LaunchEnv::launched() {
         // Not a rank of a job: this process's own view.
         return match hcomm::local_placement() {
             Ok(p) => {
