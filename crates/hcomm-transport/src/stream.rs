@@ -123,13 +123,30 @@ impl Links {
 }
 
 /// Fails every peer not heard from within `timeout`, until the transport closes.
-async fn watchdog(links: Arc<Links>, me: Rank, timeout: Duration) {
-    let tick = (timeout / 4).max(Duration::from_millis(5));
+///
+/// Silence only counts while this rank's own I/O was moving: a rank whose executor
+/// did not run its readers (a task that blocked the thread, a descheduled process)
+/// must not blame its peers for bytes it never read. Each round first awaits `probe`,
+/// a no-op round trip through the rank's I/O driver (nothing for tokio, whose readiness
+/// events are handled even while tasks stay runnable; a NOP submission for io_uring,
+/// whose submissions tokio-uring flushes only when the thread parks). A round that
+/// comes back later than twice its tick marks a local stall, and a peer's silence is
+/// measured from the later of its last bytes and the last local stall. A healthy rank
+/// therefore fails a silent peer between `timeout` and `timeout` plus one tick after
+/// its last bytes.
+async fn watchdog<P, F>(links: Arc<Links>, me: Rank, timeout: Duration, probe: P)
+where
+    P: Fn() -> F,
+    F: Future<Output = ()>,
+{
+    let tick = (timeout / 8).max(Duration::from_millis(5));
     let mut last = tokio::time::Instant::now();
+    let mut stalled_ms = links.now_ms();
     let mut failed = vec![false; links.heard.len()];
     failed[me] = true;
     loop {
         tokio::time::sleep(tick).await;
+        probe().await;
         if links.closed.load(Ordering::Acquire) {
             return;
         }
@@ -137,8 +154,8 @@ async fn watchdog(links: Arc<Links>, me: Rank, timeout: Duration) {
         let late = now - last > tick * 2;
         last = now;
         if late {
-            // This rank's executor was busy: the readers may not have run either.
-            // Judge at the next, punctual round.
+            // This rank's executor or I/O driver lagged: the readers may not have run.
+            stalled_ms = links.now_ms();
             continue;
         }
         let now_ms = links.now_ms();
@@ -146,7 +163,8 @@ async fn watchdog(links: Arc<Links>, me: Rank, timeout: Duration) {
             if *done {
                 continue;
             }
-            let silent = Duration::from_millis(now_ms.saturating_sub(links.heard[peer].load(Ordering::Relaxed)));
+            let since = links.heard[peer].load(Ordering::Relaxed).max(stalled_ms);
+            let silent = Duration::from_millis(now_ms.saturating_sub(since));
             if silent > timeout {
                 *done = true;
                 let err = Error::new(
@@ -303,7 +321,7 @@ impl StreamTransport {
             t.shared.tasks.lock()[peer] = tasks;
         }
         if let Some(timeout) = opts.peer_timeout {
-            tokio::spawn(watchdog(t.shared.clone(), rank, timeout));
+            tokio::spawn(watchdog(t.shared.clone(), rank, timeout, || async {}));
         }
         t
     }
@@ -353,7 +371,10 @@ impl StreamTransport {
             t.shared.tasks.lock()[peer] = tasks;
         }
         if let Some(timeout) = opts.peer_timeout {
-            tokio_uring::spawn(watchdog(t.shared.clone(), rank, timeout));
+            tokio_uring::spawn(watchdog(t.shared.clone(), rank, timeout, || async {
+                // An error here (no submission slot) only skips the probe.
+                let _ = tokio_uring::no_op().await;
+            }));
         }
         t
     }

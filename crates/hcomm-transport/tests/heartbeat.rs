@@ -122,3 +122,64 @@ fn a_hung_peer_is_failed_after_the_timeout_uring() {
     });
     drop(hung);
 }
+
+/// Blocks this thread in slices of `slice` for `total`, yielding to the executor
+/// between slices, as a compute-heavy task that forgets to yield often does.
+async fn busy(slice: Duration, total: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < total {
+        std::thread::sleep(slice);
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Three ranks share one thread with a task that blocks it in slices of several tick
+/// lengths: heartbeats then take several slices to travel, but a rank whose own
+/// executor lagged must not blame its peers for the silence. Every link is still up
+/// afterwards and carries a message each way.
+async fn busy_executor(ts: &[StreamTransport]) {
+    for slice in [120, 160, 190, 250, 500].map(Duration::from_millis) {
+        busy(slice, TIMEOUT * 5).await;
+        for (r, t) in ts.iter().enumerate() {
+            for p in (0..ts.len()).filter(|&p| p != r) {
+                assert!(
+                    t.mailbox().peer_failure(p).is_none(),
+                    "rank {r} failed rank {p} while their shared thread was busy in {slice:?} slices: {}",
+                    t.mailbox().peer_failure(p).unwrap()
+                );
+                let (h, b) = message(r, 10);
+                t.send(p, h, b).await.unwrap();
+            }
+        }
+        for (r, t) in ts.iter().enumerate() {
+            for p in (0..ts.len()).filter(|&p| p != r) {
+                assert_eq!(t.mailbox().recv(key(p)).await.unwrap().payload.len(), 10, "rank {r} from {p}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_busy_executor_does_not_fail_its_peers_tokio() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let ts: Vec<StreamTransport> =
+            mesh(3).await.into_iter().enumerate().map(|(r, s)| StreamTransport::tokio(r, s, &opts())).collect();
+        busy_executor(&ts).await;
+    });
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_busy_executor_does_not_fail_its_peers_uring() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let m = rt.block_on(mesh(3));
+    let m: Vec<Vec<Option<std::net::TcpStream>>> =
+        m.into_iter().map(|v| v.into_iter().map(|s| s.map(|s| s.into_std().unwrap())).collect()).collect();
+    drop(rt);
+    tokio_uring::start(async move {
+        let ts: Vec<StreamTransport> =
+            m.into_iter().enumerate().map(|(r, s)| StreamTransport::uring(r, s, &opts())).collect();
+        busy_executor(&ts).await;
+    });
+}
