@@ -8,6 +8,7 @@
 
 use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
+use hcomm_topology::{Level, Topology};
 
 use crate::exchange::ring_allgatherv_in;
 use crate::exchange::{AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo};
@@ -38,13 +39,29 @@ algo_enum! {
         /// Reproducible mode: every segment's owner receives every rank's contribution
         /// and reduces them in rank order, then the segments are allgathered.
         Ordered = 5 => "ordered",
+        /// Topology-aware: reduce-scatter among the ranks of each host, then among
+        /// the hosts of each rack, a ring allreduce of the remaining block across the
+        /// racks (one ring per rail), then allgathers back out. Equal to the ring when
+        /// the group has no hierarchy (one host, or one rank per host in one rack).
+        Hierarchical = 6 => "hierarchical",
     }
 }
 
 impl AllreduceAlgo {
-    /// The algorithms the selection chooses from (`Ordered` is reproducible mode's).
+    /// The algorithms the selection chooses from on a flat network (`Ordered` is
+    /// reproducible mode's).
     pub const SELECTABLE: [AllreduceAlgo; 4] =
         [AllreduceAlgo::Ring, AllreduceAlgo::RecursiveDoubling, AllreduceAlgo::Rabenseifner, AllreduceAlgo::Tree];
+
+    /// The algorithms the selection chooses from on `layout`: [`Self::SELECTABLE`],
+    /// and the hierarchical allreduce when the layout has a hierarchy.
+    pub fn candidates(layout: &Layout) -> Vec<AllreduceAlgo> {
+        let mut v = AllreduceAlgo::SELECTABLE.to_vec();
+        if !layout.stages.is_empty() {
+            v.push(AllreduceAlgo::Hierarchical);
+        }
+        v
+    }
 }
 
 /// The cost of communication, in NCCL's style: a message of `b` bytes costs
@@ -57,16 +74,196 @@ pub struct CostModel {
     pub beta: f64,
     /// Seconds per byte reduced (inverse reduction bandwidth).
     pub gamma: f64,
+    /// Links between ranks of one host (shared memory), when they differ from the
+    /// transport's.
+    pub host: LinkCost,
+    /// Links between racks (the spine). `alpha` and `beta` above stand for the links
+    /// between hosts of one rack.
+    pub spine: LinkCost,
+}
+
+/// Latency and inverse bandwidth of one level's links.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkCost {
+    /// Seconds per message.
+    pub alpha: f64,
+    /// Seconds per byte.
+    pub beta: f64,
+}
+
+/// What the algorithm selection knows of a group's topology: the levels its ring
+/// crosses and the shape of its hierarchical allreduce. The default is one flat
+/// network, where every level costs the same.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// The slowest level a ring edge crosses, and how many edges cross it.
+    pub ring_level: Level,
+    pub ring_slow_edges: usize,
+    /// The hierarchical allreduce's stages from the innermost out: group size and the
+    /// level of the links inside each group.
+    pub stages: Vec<(usize, Level)>,
+    /// Ranks of the top ring, the slowest level it crosses and how many of its edges
+    /// cross it.
+    pub top: usize,
+    pub top_level: Level,
+    pub top_slow_edges: usize,
+}
+
+impl Layout {
+    /// A flat network of `n` ranks (what [`CostModel::allreduce_time`] assumes).
+    pub fn flat(n: usize) -> Layout {
+        Layout {
+            ring_level: Level::Rack,
+            ring_slow_edges: n,
+            stages: Vec::new(),
+            top: n,
+            top_level: Level::Rack,
+            top_slow_edges: n,
+        }
+    }
+
+    /// The layout of a group whose ring is `ring` over `topo`, from the hierarchical
+    /// plan of any of its ranks (every rank's has the same shape).
+    pub fn new(topo: &Topology, ring: &[usize]) -> Layout {
+        let n = ring.len();
+        if n < 2 {
+            return Layout::flat(n);
+        }
+        let slowest = |r: &[usize]| -> (Level, usize) {
+            let lv: Vec<Level> = (0..r.len()).map(|i| topo.level(r[i], r[(i + 1) % r.len()])).collect();
+            let worst = lv.iter().copied().max().unwrap_or(Level::Rank).max(Level::Host);
+            (worst, lv.iter().filter(|&&l| l == worst).count())
+        };
+        let plan = HierPlan::new(topo, ring, ring[0]);
+        let (ring_level, ring_slow_edges) = slowest(ring);
+        let (top_level, top_slow_edges) = if plan.top.len() < 2 { (Level::Host, 0) } else { slowest(&plan.top) };
+        Layout {
+            ring_level,
+            ring_slow_edges,
+            stages: plan.stages.iter().map(|st| (st.members.len(), st.level)).collect(),
+            top: plan.top.len(),
+            top_level,
+            top_slow_edges,
+        }
+    }
+}
+
+/// One stage of a hierarchical allreduce, as one rank sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    /// The ranks of this rank's group at this level, in ring order.
+    pub members: Vec<usize>,
+    /// This rank's index among them: the block it keeps.
+    pub index: usize,
+    /// The level of the links inside the group.
+    pub level: Level,
+}
+
+/// One rank's part in a hierarchical allreduce over a topology.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HierPlan {
+    /// From the innermost level out.
+    pub stages: Vec<Stage>,
+    /// The ranks of the ring that allreduces this rank's last block: the ranks with
+    /// the same index in every group of the last stage (its rail).
+    pub top: Vec<usize>,
+}
+
+impl HierPlan {
+    /// The plan of rank `me` of a group whose ring is `ring`. Level by level (host,
+    /// then rack), the remaining ranks are grouped; a level where every group holds
+    /// one rank is skipped, and the plan stops at a level with a single group or with
+    /// groups of different sizes (the top ring then spans what remains, so the
+    /// algorithm stays correct on any placement).
+    pub fn new(topo: &Topology, ring: &[usize], me: usize) -> HierPlan {
+        let mut m = ring.to_vec();
+        let mut stages = Vec::new();
+        for level in [Level::Host, Level::Rack] {
+            let key = |r: usize| if level == Level::Host { topo.host_of(r) } else { topo.rack_of(r) };
+            let mut keys: Vec<usize> = Vec::new();
+            let mut groups: Vec<Vec<usize>> = Vec::new();
+            for &r in &m {
+                match keys.iter().position(|&k| k == key(r)) {
+                    Some(i) => groups[i].push(r),
+                    None => {
+                        keys.push(key(r));
+                        groups.push(vec![r]);
+                    }
+                }
+            }
+            if groups.len() == m.len() {
+                continue;
+            }
+            if groups.len() == 1 || groups.iter().any(|g| g.len() != groups[0].len()) {
+                break;
+            }
+            let Some(g) = groups.iter().find(|g| g.contains(&me)) else { break };
+            let index = g.iter().position(|&r| r == me).expect("found above");
+            stages.push(Stage { members: g.clone(), index, level });
+            m = groups.iter().map(|g| g[index]).collect();
+        }
+        HierPlan { stages, top: m }
+    }
 }
 
 impl CostModel {
     /// Defaults for a transport, from measurements on small 2-core VMs: in-process
     /// (`mem`) messages are cheap and wide, loopback TCP ones cost tens of microseconds
     /// and about 2 GB/s.
+    /// Links inside a host and across the spine default to the transport's own
+    /// figures: nothing says they differ until configured (`HCOMM_COST_HOST_*`,
+    /// `HCOMM_COST_SPINE_*`).
     pub fn for_transport(name: &str) -> CostModel {
-        match name {
-            "mem" => CostModel { alpha: 2e-6, beta: 1.0 / 8e9, gamma: 1.0 / 10e9 },
-            _ => CostModel { alpha: 40e-6, beta: 1.0 / 2e9, gamma: 1.0 / 10e9 },
+        let (alpha, beta) = match name {
+            "mem" => (2e-6, 1.0 / 8e9),
+            _ => (40e-6, 1.0 / 2e9),
+        };
+        let same = LinkCost { alpha, beta };
+        CostModel { alpha, beta, gamma: 1.0 / 10e9, host: same, spine: same }
+    }
+
+    /// The links of `level`.
+    pub fn link(&self, level: Level) -> LinkCost {
+        match level {
+            Level::Rank | Level::Host => self.host,
+            Level::Rack => LinkCost { alpha: self.alpha, beta: self.beta },
+            Level::Spine => self.spine,
+        }
+    }
+
+    /// Predicted time of `algo` for `bytes` over a group laid out as `layout`. The
+    /// ring and the power-of-two algorithms pay for the slowest level their messages
+    /// cross; messages that cross the spine at the same time share it (a ring's edges
+    /// across it, half in each direction; every rail of the hierarchical top ring).
+    /// The hierarchical allreduce pays each stage's exchange at its own level.
+    pub fn allreduce_time_on(&self, layout: &Layout, algo: AllreduceAlgo, n: usize, bytes: usize) -> f64 {
+        let share = |level: Level, edges: usize| if level == Level::Spine { (edges / 2).max(1) as f64 } else { 1.0 };
+        let on = |level: Level, share: f64| CostModel {
+            alpha: self.link(level).alpha,
+            beta: self.link(level).beta * share,
+            ..*self
+        };
+        match algo {
+            AllreduceAlgo::Ring | AllreduceAlgo::Ordered => {
+                on(layout.ring_level, share(layout.ring_level, layout.ring_slow_edges)).allreduce_time(algo, n, bytes)
+            }
+            AllreduceAlgo::RecursiveDoubling | AllreduceAlgo::Rabenseifner => {
+                on(layout.ring_level, share(layout.ring_level, n)).allreduce_time(algo, n, bytes)
+            }
+            AllreduceAlgo::Tree => on(layout.ring_level, 1.0).allreduce_time(algo, n, bytes),
+            AllreduceAlgo::Hierarchical => {
+                let mut len = bytes as f64;
+                let mut t = 0.0;
+                let mut rails = 1.0;
+                for &(k, level) in &layout.stages {
+                    let (l, f) = (self.link(level), (k as f64 - 1.0) / k as f64);
+                    t += 2.0 * (l.alpha + f * len * l.beta) + f * len * self.gamma;
+                    len /= k as f64;
+                    rails *= k as f64;
+                }
+                let top = on(layout.top_level, rails * share(layout.top_level, layout.top_slow_edges));
+                t + top.allreduce_time(AllreduceAlgo::Ring, layout.top, len as usize)
+            }
         }
     }
 
@@ -88,7 +285,9 @@ impl CostModel {
                 let depth = nf.log2().ceil();
                 2.0 * depth * (a + s * b) + depth * s * g
             }
-            AllreduceAlgo::Ordered => 2.0 * (nf - 1.0) * a + 2.0 * (nf - 1.0) / nf * s * b + (nf - 1.0) / nf * s * g,
+            AllreduceAlgo::Ordered | AllreduceAlgo::Hierarchical => {
+                2.0 * (nf - 1.0) * a + 2.0 * (nf - 1.0) / nf * s * b + (nf - 1.0) / nf * s * g
+            }
         }
     }
 
@@ -183,9 +382,15 @@ impl CostModel {
         cheapest(&AlltoallAlgo::ALL, |a| self.alltoall_time(a, n, bytes))
     }
 
-    /// The selectable algorithm with the lowest predicted time.
+    /// The selectable algorithm with the lowest predicted time on a flat network.
     pub fn choose_allreduce(&self, n: usize, bytes: usize) -> AllreduceAlgo {
         cheapest(&AllreduceAlgo::SELECTABLE, |a| self.allreduce_time(a, n, bytes))
+    }
+
+    /// The algorithm with the lowest predicted time on `layout`: the hierarchical one
+    /// competes when the layout has stages.
+    pub fn choose_allreduce_on(&self, layout: &Layout, n: usize, bytes: usize) -> AllreduceAlgo {
+        cheapest(&AllreduceAlgo::candidates(layout), |a| self.allreduce_time_on(layout, a, n, bytes))
     }
 }
 
@@ -234,6 +439,11 @@ pub struct Tuning {
     pub reduce_scatter: Option<ReduceScatterAlgo>,
     /// Choices measured on this job; they take precedence over the cost model.
     pub measured: Measured,
+    /// Rings follow the topology (rack, then host contiguous) and the hierarchical
+    /// allreduce competes (`HCOMM_TOPO_AWARE`, default on). Off, rings run in rank
+    /// order over a flat network: the baseline the topology-aware algorithms are
+    /// measured against.
+    pub topology_aware: bool,
 }
 
 impl Tuning {
@@ -248,14 +458,19 @@ impl Tuning {
             alltoall: None,
             reduce_scatter: None,
             measured: Measured::default(),
+            topology_aware: true,
         }
     }
 
     /// Applies `HCOMM_ALGO_ALLREDUCE`, `HCOMM_ALGO_BROADCAST`, `HCOMM_ALGO_ALLGATHER`,
     /// `HCOMM_ALGO_ALLTOALL`, `HCOMM_ALGO_REDUCE_SCATTER` (an algorithm name or `auto`),
-    /// `HCOMM_REPRODUCIBLE` (`0`/`1`), and the cost parameters `HCOMM_COST_ALPHA_US`
-    /// (microseconds per message), `HCOMM_COST_GBPS` (link bandwidth) and
-    /// `HCOMM_COST_REDUCE_GBPS`, read through `get`. Every rank must see the same
+    /// `HCOMM_REPRODUCIBLE` (`0`/`1`), `HCOMM_TOPO_AWARE` (`0`/`1`), and the cost
+    /// parameters `HCOMM_COST_ALPHA_US` (microseconds per message), `HCOMM_COST_GBPS`
+    /// (bandwidth of the links between hosts of a rack), `HCOMM_COST_REDUCE_GBPS`,
+    /// `HCOMM_COST_HOST_US` / `HCOMM_COST_HOST_GBPS` (links inside a host) and
+    /// `HCOMM_COST_SPINE_US` / `HCOMM_COST_SPINE_GBPS` (links between racks), read
+    /// through `get`. The spine and host links default to the rack's figures, set
+    /// before them. Every rank must see the same
     /// values: ranks that choose different algorithms fail with a mismatch error.
     ///
     /// # Errors
@@ -279,6 +494,9 @@ impl Tuning {
         if let Some(v) = get("HCOMM_REPRODUCIBLE") {
             self.reproducible = Error::parse_flag("HCOMM_REPRODUCIBLE", &v)?;
         }
+        if let Some(v) = get("HCOMM_TOPO_AWARE") {
+            self.topology_aware = Error::parse_flag("HCOMM_TOPO_AWARE", &v)?;
+        }
         let num = |var: &str| -> Result<Option<f64>> {
             match get(var) {
                 None => Ok(None),
@@ -288,6 +506,7 @@ impl Tuning {
                 },
             }
         };
+        let before = LinkCost { alpha: self.cost.alpha, beta: self.cost.beta };
         if let Some(us) = num("HCOMM_COST_ALPHA_US")? {
             self.cost.alpha = us * 1e-6;
         }
@@ -296,6 +515,21 @@ impl Tuning {
         }
         if let Some(gbps) = num("HCOMM_COST_REDUCE_GBPS")? {
             self.cost.gamma = 1.0 / (gbps * 1e9);
+        }
+        let rack = LinkCost { alpha: self.cost.alpha, beta: self.cost.beta };
+        for (name, link) in [("HOST", &mut self.cost.host), ("SPINE", &mut self.cost.spine)] {
+            let us = num(&format!("HCOMM_COST_{name}_US"))?;
+            let gbps = num(&format!("HCOMM_COST_{name}_GBPS"))?;
+            if *link == before {
+                // Not set apart from the rack's links: follow them.
+                *link = rack;
+            }
+            if let Some(us) = us {
+                link.alpha = us * 1e-6;
+            }
+            if let Some(gbps) = gbps {
+                link.beta = 1.0 / (gbps * 1e9);
+            }
         }
         Ok(self)
     }
@@ -342,11 +576,23 @@ impl Tuning {
     /// `Ordered` for floats in reproducible mode, else the forced one, else the
     /// cheapest by the cost model.
     pub fn allreduce_algo(&self, n: usize, bytes: usize, float: bool, asked: Option<AllreduceAlgo>) -> AllreduceAlgo {
+        self.allreduce_algo_on(&Layout::flat(n), n, bytes, float, asked)
+    }
+
+    /// As [`Tuning::allreduce_algo`], for a group laid out as `layout`.
+    pub fn allreduce_algo_on(
+        &self,
+        layout: &Layout,
+        n: usize,
+        bytes: usize,
+        float: bool,
+        asked: Option<AllreduceAlgo>,
+    ) -> AllreduceAlgo {
         if self.reproducible && float {
             return AllreduceAlgo::Ordered;
         }
         self.choose(asked.or(self.allreduce), &self.measured.allreduce, n, bytes, || {
-            self.cost.choose_allreduce(n, bytes)
+            self.cost.choose_allreduce_on(layout, n, bytes)
         })
     }
 }
@@ -403,6 +649,7 @@ pub async fn allreduce<T: LocalTransport, E: Element>(
                 bcast_binomial(&ctx, buf, 0, 1).await
             }
             AllreduceAlgo::Ordered => ordered(&ctx, buf, op).await,
+            AllreduceAlgo::Hierarchical => hierarchical(&ctx, buf, op).await,
         }
     };
     let r = ctx.deadline(body).await;
@@ -410,19 +657,104 @@ pub async fn allreduce<T: LocalTransport, E: Element>(
 }
 
 async fn ring<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], op: ReduceOp) -> Result<()> {
-    let n = ctx.size();
-    let ring = ctx.ring();
-    let pos = ring.iter().position(|&r| r == ctx.rank()).expect("the ring holds every rank");
-    let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
+    ring_over(ctx, ctx.ring(), buf, op, 0).await
+}
+
+/// Ring allreduce of `buf` among `members` (group ranks in ring order, this rank
+/// among them), with `tag_base` added to every tag.
+async fn ring_over<T: LocalTransport, E: Element>(
+    ctx: &OpCtx<'_, T>,
+    members: &[usize],
+    buf: &mut [E],
+    op: ReduceOp,
+    tag_base: u32,
+) -> Result<()> {
+    let n = members.len();
+    if n < 2 {
+        return Ok(());
+    }
+    let pos = members.iter().position(|&r| r == ctx.rank()).expect("the ring holds this rank");
+    let (left, right) = (members[(pos + n - 1) % n], members[(pos + 1) % n]);
     let seg_bytes = buf.len().div_ceil(n) * std::mem::size_of::<E>();
     let m = seg_bytes.div_ceil(RING_CHUNK_BYTES).clamp(1, RING_MAX_COLUMNS);
-    try_join_all(
-        carve(buf, n, m)
-            .into_iter()
-            .enumerate()
-            .map(|(c, pieces)| async move { ring_column(ctx, pieces, c, pos, left, right, op).await }),
-    )
+    try_join_all(carve(buf, n, m).into_iter().enumerate().map(|(c, pieces)| async move {
+        ring_column(ctx, pieces, tag_base | ring_tag(0, c), pos, left, right, op).await
+    }))
     .await?;
+    Ok(())
+}
+
+/// Tag of phase `phase` of the hierarchical allreduce (ring tags, below 2^26 for
+/// fewer than 2^17 ranks, go beneath).
+fn hier_tag(phase: usize) -> u32 {
+    (phase as u32) << 26
+}
+
+/// The hierarchical allreduce: see [`AllreduceAlgo::Hierarchical`] and [`HierPlan`].
+/// Each element is reduced at one rank only (the owner of its block at the top
+/// ring) and copied everywhere else, so every rank gets the same bits.
+async fn hierarchical<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], op: ReduceOp) -> Result<()> {
+    let plan = ctx.group().hier_plan();
+    // Averages are sums until the end.
+    let inner = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+    let mut ranges = Vec::with_capacity(plan.stages.len());
+    let (mut lo, mut hi) = (0, buf.len());
+    // Down: each stage's group reduce-scatters this rank's current range; every
+    // member sends its copy of each block straight to the block's keeper.
+    for (s, st) in plan.stages.iter().enumerate() {
+        ranges.push((lo, hi));
+        let k = st.members.len();
+        let at = |j: usize| lo + bound(hi - lo, k, j);
+        let tag = hier_tag(1 + 2 * s);
+        let others = || st.members.iter().enumerate().filter(|&(j, _)| j != st.index);
+        let recvs: Vec<_> = others().map(|(_, &r)| ctx.recv(r, tag)).collect();
+        let sends = try_join_all(others().map(|(j, &r)| ctx.send(r, tag, ctx.payload(&buf[at(j)..at(j + 1)]))));
+        let (mlo, mhi) = (at(st.index), at(st.index + 1));
+        let mine = &mut buf[mlo..mhi];
+        let reduce = async move {
+            for r in recvs {
+                reduce_in(inner, mine, &r.await?)?;
+            }
+            Ok(())
+        };
+        try_join(sends, reduce).await?;
+        (lo, hi) = (mlo, mhi);
+    }
+    ring_over(ctx, &plan.top, &mut buf[lo..hi], inner, 0).await?;
+    // Up: each stage's group allgathers the blocks it scattered.
+    for (s, st) in plan.stages.iter().enumerate().rev() {
+        let (plo, phi) = ranges[s];
+        let k = st.members.len();
+        let tag = hier_tag(2 + 2 * s);
+        let payload = ctx.payload(&buf[lo..hi]);
+        let sends = try_join_all(
+            st.members
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != st.index)
+                .map(|(_, &r)| ctx.send(r, tag, payload.clone())),
+        );
+        let mut blocks = Vec::with_capacity(k);
+        let mut rest = &mut buf[plo..phi];
+        for j in 0..k {
+            let (b, tail) = std::mem::take(&mut rest).split_at_mut(bound(phi - plo, k, j + 1) - bound(phi - plo, k, j));
+            rest = tail;
+            blocks.push(b);
+        }
+        let fills = try_join_all(
+            blocks
+                .into_iter()
+                .zip(&st.members)
+                .enumerate()
+                .filter(|&(j, _)| j != st.index)
+                .map(|(_, (dst, &r))| async move { copy_in(dst, &ctx.recv(r, tag).await?) }),
+        );
+        try_join(sends, fills).await?;
+        (lo, hi) = (plo, phi);
+    }
+    if op == ReduceOp::Avg {
+        E::div_count(buf, ctx.size());
+    }
     Ok(())
 }
 
@@ -585,6 +917,7 @@ async fn ordered<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E
 }
 
 fn ring_tag(step: usize, column: usize) -> u32 {
+    debug_assert!(column < 256 && step < 1 << 18);
     ((step as u32) << 8) | column as u32
 }
 
@@ -607,10 +940,12 @@ fn carve<E>(buf: &mut [E], n: usize, m: usize) -> Vec<Vec<&mut [E]>> {
     cols
 }
 
+/// One column of a ring allreduce; `col` is the column's tag bits (its index, and
+/// the tag base of the caller), to which each step's bits are added.
 async fn ring_column<T: LocalTransport, E: Element>(
     ctx: &OpCtx<'_, T>,
     mut pieces: Vec<&mut [E]>,
-    col: usize,
+    col: u32,
     pos: usize,
     left: usize,
     right: usize,
@@ -620,7 +955,7 @@ async fn ring_column<T: LocalTransport, E: Element>(
     // Reduce-scatter: after step s, the piece received is reduced over s + 2 ranks.
     for s in 0..n - 1 {
         let (send_seg, recv_seg) = ((pos + n - s) % n, (pos + 2 * n - s - 1) % n);
-        let tag = ring_tag(s, col);
+        let tag = col | ring_tag(s, 0);
         let payload = ctx.payload(pieces[send_seg]);
         let recv = ctx.recv(left, tag);
         let dst = &mut *pieces[recv_seg];
@@ -633,7 +968,7 @@ async fn ring_column<T: LocalTransport, E: Element>(
     // Allgather: pass the reduced pieces on.
     for s in 0..n - 1 {
         let (send_seg, recv_seg) = ((pos + 1 + n - s) % n, (pos + n - s) % n);
-        let tag = ring_tag(n - 1 + s, col);
+        let tag = col | ring_tag(n - 1 + s, 0);
         let payload = ctx.payload(pieces[send_seg]);
         let recv = ctx.recv(left, tag);
         let dst = &mut *pieces[recv_seg];
@@ -684,6 +1019,76 @@ mod tests {
         assert_eq!(unfolded(3, 6), 5);
     }
 
+    /// Rank `r` of `n` on host `r % hosts`, hosts alternating between two racks:
+    /// neighbours in rank order never share a host, nor (with an even host count) a
+    /// rack.
+    fn interleaved(n: usize, hosts: usize) -> Topology {
+        let p: Vec<hcomm_topology::Placement> = (0..n)
+            .map(|r| hcomm_topology::Placement {
+                host: format!("h{}", r % hosts),
+                rack: Some(format!("rack{}", r % hosts % 2)),
+                numa: None,
+            })
+            .collect();
+        Topology::from_placements(&p)
+    }
+
+    #[test]
+    fn hierarchical_plan_over_two_racks() {
+        // 8 ranks, 4 hosts of 2, 2 racks of 2 hosts.
+        let topo = interleaved(8, 4);
+        let ring = topo.ring_order();
+        assert_eq!(topo.ring_crossings(&ring, Level::Spine), 2);
+        let plans: Vec<HierPlan> = (0..8).map(|me| HierPlan::new(&topo, &ring, me)).collect();
+        for (me, p) in plans.iter().enumerate() {
+            assert_eq!(p.stages.len(), 2, "rank {me}: {p:?}");
+            assert_eq!(p.stages[0].level, Level::Host);
+            assert_eq!(p.stages[1].level, Level::Rack);
+            // The host group is this rank and the other rank of its host.
+            assert!(p.stages[0].members.iter().all(|&r| topo.host_of(r) == topo.host_of(me)));
+            assert!(p.stages[1].members.iter().all(|&r| topo.rack_of(r) == topo.rack_of(me)));
+            assert_eq!(p.stages[1].members[p.stages[1].index], me);
+            // The top ring has one rank per rack.
+            assert_eq!(p.top.len(), 2);
+            assert_ne!(topo.rack_of(p.top[0]), topo.rack_of(p.top[1]));
+            assert!(p.top.contains(&me));
+        }
+        let l = Layout::new(&topo, &ring);
+        assert_eq!(l.stages, vec![(2, Level::Host), (2, Level::Rack)]);
+        assert_eq!((l.top, l.top_level, l.top_slow_edges), (2, Level::Spine, 2));
+        assert_eq!((l.ring_level, l.ring_slow_edges), (Level::Spine, 2));
+        // Hosts of different sizes: the host stage stops, the top ring spans all.
+        let uneven = Topology::from_hosts(&["a", "a", "a", "b"]);
+        let p = HierPlan::new(&uneven, &uneven.ring_order(), 3);
+        assert!(p.stages.is_empty());
+        assert_eq!(p.top, vec![0, 1, 2, 3]);
+        // One host: no stage.
+        assert!(HierPlan::new(&Topology::single_host(4), &[0, 1, 2, 3], 2).stages.is_empty());
+    }
+
+    #[test]
+    fn a_slow_spine_selects_the_hierarchical_allreduce() {
+        let topo = interleaved(8, 4);
+        let aware = Layout::new(&topo, &topo.ring_order());
+        let flat = Layout::flat(8);
+        let mut cost = CostModel::for_transport("tcp");
+        // Spine no slower than the rack: nothing to gain from the hierarchy at 16 MiB.
+        assert_eq!(cost.choose_allreduce_on(&flat, 8, 16 << 20), cost.choose_allreduce(8, 16 << 20));
+        // A spine at a tenth of the rack's bandwidth and shared memory inside hosts.
+        cost.spine = LinkCost { alpha: 100e-6, beta: cost.beta * 10.0 };
+        cost.host = LinkCost { alpha: 5e-6, beta: 1.0 / 5e9 };
+        assert_eq!(cost.choose_allreduce_on(&aware, 8, 16 << 20), AllreduceAlgo::Hierarchical);
+        let t = |a| cost.allreduce_time_on(&aware, a, 8, 16 << 20);
+        assert!(t(AllreduceAlgo::Hierarchical) < t(AllreduceAlgo::Ring));
+        // Small messages: with a spine as fast as the rack, the latency-bound
+        // algorithms win; with a slow spine, crossing it once (hierarchical) does.
+        let plain = CostModel::for_transport("tcp");
+        assert_eq!(plain.choose_allreduce_on(&aware, 8, 64), AllreduceAlgo::RecursiveDoubling);
+        assert_eq!(cost.choose_allreduce_on(&aware, 8, 64), AllreduceAlgo::Hierarchical);
+        // The flat layout never offers it.
+        assert!(!AllreduceAlgo::candidates(&flat).contains(&AllreduceAlgo::Hierarchical));
+    }
+
     #[test]
     fn env_overrides() {
         let t = Tuning::for_transport("tcp")
@@ -704,6 +1109,21 @@ mod tests {
         let e =
             Tuning::for_transport("tcp").with_env(|k| (k == "HCOMM_REPRODUCIBLE").then(|| "maybe".into())).unwrap_err();
         assert!(e.to_string().contains("HCOMM_REPRODUCIBLE"), "{e}");
+        // Host and spine links follow the rack's figures unless set apart.
+        let t = Tuning::for_transport("tcp")
+            .with_env(|k| match k {
+                "HCOMM_COST_GBPS" => Some("4".into()),
+                "HCOMM_COST_SPINE_GBPS" => Some("0.5".into()),
+                "HCOMM_TOPO_AWARE" => Some("0".into()),
+                _ => None,
+            })
+            .unwrap();
+        assert!((t.cost.host.beta - 1.0 / 4e9).abs() < 1e-18 && (t.cost.spine.beta - 1.0 / 0.5e9).abs() < 1e-18);
+        assert_eq!(t.cost.spine.alpha, t.cost.alpha);
+        assert!(!t.topology_aware);
+        let e =
+            Tuning::for_transport("tcp").with_env(|k| (k == "HCOMM_COST_SPINE_US").then(|| "-1".into())).unwrap_err();
+        assert!(e.to_string().contains("HCOMM_COST_SPINE_US"), "{e}");
         let t = Tuning::for_transport("tcp")
             .with_env(|k| (k == "HCOMM_ALGO_REDUCE_SCATTER").then(|| "recursive_halving".into()))
             .unwrap();

@@ -14,7 +14,7 @@ use hcomm_core::{
 };
 use hcomm_topology::Topology;
 
-use crate::allreduce::Tuning;
+use crate::allreduce::{AllreduceAlgo, HierPlan, Layout, Tuning};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -27,7 +27,11 @@ pub struct Group<T> {
     members: Arc<[Rank]>,
     me: usize,
     topology: Topology,
+    /// Ring order, this rank's hierarchical plan and the layout the selection sees:
+    /// from the topology, or flat when the tuning says so.
     ring: Arc<[usize]>,
+    hier: Arc<HierPlan>,
+    layout: Arc<Layout>,
     next_seq: AtomicU64,
     /// Shrinks called on this group so far.
     shrinks: AtomicU64,
@@ -58,21 +62,61 @@ impl<T: LocalTransport> Group<T> {
         topology: Topology,
         timeout: Duration,
     ) -> Group<T> {
-        let ring = topology.ring_order().into();
         let tuning = Tuning::for_transport(transport.name());
-        Group {
+        let n = members.len();
+        let mut g = Group {
             transport,
             comm,
             members: members.into(),
             me,
             topology,
-            ring,
+            ring: (0..n).collect(),
+            hier: Arc::default(),
+            layout: Arc::new(Layout::flat(n)),
             next_seq: AtomicU64::new(1),
             shrinks: AtomicU64::new(0),
             timeout,
             stall_warn: Some(DEFAULT_STALL_WARN),
             tuning,
+        };
+        g.lay_out();
+        g
+    }
+
+    /// Derives the ring, the hierarchical plan and the layout from the topology and
+    /// the tuning's `topology_aware`.
+    fn lay_out(&mut self) {
+        let n = self.size();
+        let ring: Vec<usize> = if self.tuning.topology_aware { self.topology.ring_order() } else { (0..n).collect() };
+        if self.tuning.topology_aware {
+            self.hier = Arc::new(HierPlan::new(&self.topology, &ring, self.me));
+            self.layout = Arc::new(Layout::new(&self.topology, &ring));
+        } else {
+            // One flat ring in rank order: no stages.
+            self.hier = Arc::new(HierPlan { stages: Vec::new(), top: ring.clone() });
+            self.layout = Arc::new(Layout::flat(n));
         }
+        self.ring = ring.into();
+    }
+
+    /// Ring order of the group's ranks.
+    pub fn ring(&self) -> &[usize] {
+        &self.ring
+    }
+
+    /// This rank's part in a hierarchical allreduce.
+    pub fn hier_plan(&self) -> &HierPlan {
+        &self.hier
+    }
+
+    /// What the algorithm selection knows of this group's topology.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The allreduce algorithm for `bytes` (see [`Tuning::allreduce_algo_on`]).
+    pub fn allreduce_algo(&self, bytes: usize, float: bool, asked: Option<AllreduceAlgo>) -> AllreduceAlgo {
+        self.tuning.allreduce_algo_on(&self.layout, self.size(), bytes, float, asked)
     }
 
     /// The group of `members` (group ranks of `self`, in the new rank order) with
@@ -81,8 +125,8 @@ impl<T: LocalTransport> Group<T> {
         let me = members.iter().position(|&m| m == self.me)?;
         let world: Vec<Rank> = members.iter().map(|&m| self.members[m]).collect();
         let mut g = Group::build(self.transport.clone(), comm, world, me, self.topology.subset(members), self.timeout);
-        g.tuning = self.tuning.clone();
         g.stall_warn = self.stall_warn;
+        g.set_tuning(self.tuning.clone());
         Some(g)
     }
 
@@ -139,7 +183,11 @@ impl<T: LocalTransport> Group<T> {
     }
 
     pub fn set_tuning(&mut self, tuning: Tuning) {
+        let relay = tuning.topology_aware != self.tuning.topology_aware;
         self.tuning = tuning;
+        if relay {
+            self.lay_out();
+        }
     }
 
     /// Number of collectives started so far.
@@ -303,7 +351,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         self.g.size()
     }
 
-    /// Ring order of the group's ranks (host-contiguous).
+    /// Ring order of the group's ranks (rack- and host-contiguous unless topology
+    /// awareness is off).
     pub fn ring(&self) -> &'g [usize] {
         &self.g.ring
     }

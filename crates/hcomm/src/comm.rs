@@ -39,7 +39,7 @@ pub(crate) struct Keep {
 /// the default) from [`crate::init`], `MemTransport` from [`crate::local`].
 #[derive(Debug)]
 pub struct Communicator<T: LocalTransport = StreamTransport> {
-    group: Group<T>,
+    pub(crate) group: Group<T>,
     keep: Arc<Keep>,
 }
 
@@ -66,6 +66,19 @@ impl<T: LocalTransport> Communicator<T> {
     /// Where the ranks run.
     pub fn topology(&self) -> &Topology {
         self.group.topology()
+    }
+
+    /// Ring order of the ranks, as the ring algorithms use it: rack- and
+    /// host-contiguous, or rank order with `HCOMM_TOPO_AWARE=0`.
+    pub fn ring_order(&self) -> &[usize] {
+        self.group.ring()
+    }
+
+    /// Number of levels (host, rack) at which the hierarchical allreduce
+    /// reduce-scatters before its top ring: 0 when the placement has no hierarchy it
+    /// can use.
+    pub fn hierarchical_stages(&self) -> usize {
+        self.group.hier_plan().stages.len()
     }
 
     /// Deadline of each operation, counted from the call.
@@ -181,7 +194,7 @@ impl<T: LocalTransport> Communicator<T> {
         asked: Option<coll::AllreduceAlgo>,
     ) -> impl Future<Output = Result<()>> + 'a {
         let bytes = std::mem::size_of_val(buf);
-        let algo = self.group.tuning().allreduce_algo(self.size(), bytes, E::DTYPE.is_float(), asked);
+        let algo = self.group.allreduce_algo(bytes, E::DTYPE.is_float(), asked);
         let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op, algo));
         let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
         coll::allreduce(ctx, buf, op, algo).instrument(span)
@@ -207,8 +220,7 @@ impl<T: LocalTransport> Communicator<T> {
     where
         T: 'static,
     {
-        let algo =
-            self.group.tuning().allreduce_algo(self.size(), std::mem::size_of_val(&buf[..]), E::DTYPE.is_float(), None);
+        let algo = self.group.allreduce_algo(std::mem::size_of_val(&buf[..]), E::DTYPE.is_float(), None);
         let sig = coll::allreduce_signature::<E>(buf.len(), op, algo);
         let ticket = Reserved { comm: self.clone(), seq: self.group.reserve(), sig: Some(sig) };
         async move {
@@ -267,7 +279,16 @@ impl<T: LocalTransport> Communicator<T> {
             params = [alpha, beta, gamma];
         }
         self.broadcast_with(&mut params, 0, coll::BcastAlgo::Binomial).await?;
-        cost = coll::CostModel { alpha: params[0], beta: params[1], gamma: params[2] };
+        // The links inside a host and across the spine follow the measured pair's
+        // unless they were set apart (by HCOMM_COST_HOST_* or HCOMM_COST_SPINE_*).
+        let before = coll::LinkCost { alpha: cost.alpha, beta: cost.beta };
+        let measured = coll::LinkCost { alpha: params[0], beta: params[1] };
+        (cost.alpha, cost.beta, cost.gamma) = (params[0], params[1], params[2]);
+        for link in [&mut cost.host, &mut cost.spine] {
+            if *link == before {
+                *link = measured;
+            }
+        }
         let mut t = self.group.tuning().clone();
         t.cost = cost;
         self.group.set_tuning(t);

@@ -91,15 +91,24 @@ pub async fn init() -> Result<Communicator> {
 /// `n` communicators of one job in this process over the in-process transport: rank
 /// `i` is element `i`. Drive them from tasks or join their futures.
 pub fn local(n: usize) -> Vec<Communicator<MemTransport>> {
+    local_placed(&vec![Placement::on_host("localhost"); n])
+}
+
+/// As [`local`], with the ranks placed as `placements` says (rank `i` at
+/// `placements[i]`): the in-process transport carries every message, but rings,
+/// hierarchical plans and grid placement follow the hosts and racks given, so that
+/// topology-aware code can be tested in one process.
+pub fn local_placed(placements: &[Placement]) -> Vec<Communicator<MemTransport>> {
     if let Err(e) = stats::install_from_env() {
         eprintln!("hcomm: statistics off: {e}");
     }
+    let n = placements.len();
     let keep = Arc::new(comm::Keep::default());
     MemTransport::group(n)
         .into_iter()
         .map(|t| {
-            let g = Group::world(Arc::new(t), 0, Topology::single_host(n), DEFAULT_TIMEOUT)
-                .expect("a single-host topology of n ranks fits n ranks");
+            let g = Group::world(Arc::new(t), 0, Topology::from_placements(placements), DEFAULT_TIMEOUT)
+                .expect("a topology of n placements fits n ranks");
             Communicator::new(g, keep.clone())
         })
         .collect()

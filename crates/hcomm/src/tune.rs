@@ -102,7 +102,9 @@ impl<T: LocalTransport> Communicator<T> {
             (tune_sizes(opts.max_bytes, opts.step), tune_sizes((opts.max_bytes / n).max(8), opts.step));
         let reps = |bytes: usize| ((8 << 20) / bytes.max(1)).clamp(opts.reps.max(1), 8 * opts.reps.max(1));
         let zero = |k: usize, sizes: &[usize]| vec![vec![0.0; k]; sizes.len()];
-        let (mut ar, mut bc) = (zero(AllreduceAlgo::SELECTABLE.len(), &whole), zero(BcastAlgo::ALL.len(), &whole));
+        // The hierarchical allreduce is measured where the topology has a hierarchy.
+        let allreduce_algos = AllreduceAlgo::candidates(self.group.layout());
+        let (mut ar, mut bc) = (zero(allreduce_algos.len(), &whole), zero(BcastAlgo::ALL.len(), &whole));
         let (mut ag, mut rs, mut aa) = (
             zero(AllgatherAlgo::ALL.len(), &block),
             zero(ReduceScatterAlgo::ALL.len(), &block),
@@ -124,7 +126,7 @@ impl<T: LocalTransport> Communicator<T> {
         for _ in 0..opts.passes.max(1) {
             for (i, &bytes) in whole.iter().enumerate() {
                 let mut buf = vec![1.0f32; (bytes / 4).max(1)];
-                let t = self.medians(&AllreduceAlgo::SELECTABLE, reps(bytes), async |a| {
+                let t = self.medians(&allreduce_algos, reps(bytes), async |a| {
                     self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await
                 });
                 add_pass(&mut ar[i], &t.await?);
@@ -149,7 +151,7 @@ impl<T: LocalTransport> Communicator<T> {
         }
         let m = Measured {
             ranks: n,
-            allreduce: fastest(&whole, &ar, &AllreduceAlgo::SELECTABLE),
+            allreduce: fastest(&whole, &ar, &allreduce_algos),
             broadcast: fastest(&whole, &bc, &BcastAlgo::ALL),
             allgather: fastest(&block, &ag, &AllgatherAlgo::ALL),
             reduce_scatter: fastest(&block, &rs, &ReduceScatterAlgo::ALL),

@@ -5,15 +5,56 @@ mod common;
 
 use common::*;
 use futures::future::join_all;
-use hcomm::{AllreduceAlgo, Communicator, LocalTransport, ReduceOp};
+use hcomm::{AllreduceAlgo, Communicator, LocalTransport, Placement, ReduceOp};
 
-const ALGOS: [AllreduceAlgo; 5] = [
+const ALGOS: [AllreduceAlgo; 6] = [
     AllreduceAlgo::Ring,
     AllreduceAlgo::RecursiveDoubling,
     AllreduceAlgo::Rabenseifner,
     AllreduceAlgo::Tree,
     AllreduceAlgo::Ordered,
+    AllreduceAlgo::Hierarchical,
 ];
+
+/// Rank `r` of `n` on host `r % hosts`; host `h` in rack `h % racks`: neighbours in
+/// rank order share neither host nor rack.
+fn interleaved(n: usize, hosts: usize, racks: usize) -> Vec<Placement> {
+    (0..n)
+        .map(|r| Placement {
+            host: format!("h{}", r % hosts),
+            rack: Some(format!("r{}", r % hosts % racks)),
+            numa: None,
+        })
+        .collect()
+}
+
+/// The hierarchical allreduce (and the default selection, and the ring in
+/// topology order) on emulated placements: equal hosts in one or two racks, which
+/// give it one or two stages, and unequal ones, where it falls back to a ring; every
+/// rank count to 16, sizes not divisible by the stage sizes.
+#[tokio::test(flavor = "current_thread")]
+async fn hierarchical_over_placements() {
+    for n in 1..=16 {
+        for (hosts, racks) in [(1, 1), (2, 1), (2, 2), (3, 1), (4, 2), (4, 1), (8, 2)] {
+            let comms = hcomm::local_placed(&interleaved(n, hosts, racks));
+            let stages = comms[0].hierarchical_stages();
+            if n % hosts == 0 && n > hosts && hosts > 1 {
+                assert!(stages >= 1, "n={n} hosts={hosts}: {stages} stages");
+            }
+            for algo in [Some(AllreduceAlgo::Hierarchical), Some(AllreduceAlgo::Ring)] {
+                matrix_with(&comms, &[0, 1, 2, 7, 97, 1000], algo).await;
+            }
+        }
+    }
+    for (n, hosts, racks) in [(8, 4, 2), (12, 3, 1), (16, 4, 2), (6, 3, 3)] {
+        let comms = hcomm::local_placed(&interleaved(n, hosts, racks));
+        for algo in [Some(AllreduceAlgo::Hierarchical), None] {
+            check_allreduce_with::<_, f32>(&comms, 1_000_003, ReduceOp::Sum, 9, algo).await;
+            check_allreduce_with::<_, f64>(&comms, 65_537, ReduceOp::Avg, 11, algo).await;
+            check_allreduce_with::<_, i32>(&comms, 300_007, ReduceOp::Max, 12, algo).await;
+        }
+    }
+}
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_algorithm_every_rank_count() {
