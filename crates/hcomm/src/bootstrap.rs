@@ -67,6 +67,11 @@ pub struct Config {
     pub rack: Option<String>,
     /// The racks of the cluster, from the file `HCOMM_TOPOLOGY` names.
     pub topology: Option<TopologyFile>,
+    /// The host this rank reports (`HCOMM_HOST`); `None`: its host identity (hostname
+    /// and boot id). Ranks reporting the same host share memory and sit together in
+    /// rings; set it to tell apart containers or emulated hosts that share a kernel
+    /// and a hostname.
+    pub host: Option<String>,
     /// Whether rank 0 serves the store (off when the caller runs one).
     pub serve_store: bool,
     /// Read the algorithm tuning from the environment (`HCOMM_ALGO_ALLREDUCE`,
@@ -81,35 +86,36 @@ struct RankInfo {
     place: Placement,
 }
 
-/// This rank's rack settings from the environment: `HCOMM_RACK`, and the file
-/// `HCOMM_TOPOLOGY` names.
-fn rack_env() -> Result<(Option<String>, Option<TopologyFile>)> {
-    let rack = match std::env::var("HCOMM_RACK") {
-        Ok(v) if v.trim().is_empty() => return Err(Error::config("HCOMM_RACK is empty")),
-        Ok(v) => Some(v.trim().to_owned()),
-        Err(_) => None,
+/// This rank's placement settings from the environment: `HCOMM_RACK`, the file
+/// `HCOMM_TOPOLOGY` names, and `HCOMM_HOST`.
+fn place_env() -> Result<(Option<String>, Option<TopologyFile>, Option<String>)> {
+    let name = |var: &str| match std::env::var(var) {
+        Ok(v) if v.trim().is_empty() => Err(Error::config(format!("{var} is empty"))),
+        Ok(v) => Ok(Some(v.trim().to_owned())),
+        Err(_) => Ok(None),
     };
     let file = match std::env::var("HCOMM_TOPOLOGY") {
         Ok(v) => Some(TopologyFile::load(std::path::Path::new(&v))?),
         Err(_) => None,
     };
-    Ok((rack, file))
+    Ok((name("HCOMM_RACK")?, file, name("HCOMM_HOST")?))
 }
 
-fn placement_of(rack: Option<String>, file: Option<&TopologyFile>) -> Placement {
-    let host = host_identity();
+fn placement_of(rack: Option<String>, file: Option<&TopologyFile>, host: Option<String>) -> Placement {
+    let host = host.unwrap_or_else(host_identity);
     let rack = rack.or_else(|| file?.rack_of(&host).map(str::to_owned));
     Placement { host, rack, numa: numa_node() }
 }
 
 /// Where this process runs, from the environment alone (`HCOMM_RACK`,
-/// `HCOMM_TOPOLOGY`, sysfs): what it would report at bootstrap.
+/// `HCOMM_TOPOLOGY`, `HCOMM_HOST`, sysfs): what it would report at bootstrap.
 ///
 /// # Errors
-/// A configuration error for an empty `HCOMM_RACK` or a bad topology file.
+/// A configuration error for an empty `HCOMM_RACK` or `HCOMM_HOST`, or a bad topology
+/// file.
 pub fn local_placement() -> Result<Placement> {
-    let (rack, file) = rack_env()?;
-    Ok(placement_of(rack, file.as_ref()))
+    let (rack, file, host) = place_env()?;
+    Ok(placement_of(rack, file.as_ref(), host))
 }
 
 /// The host identity of each rank.
@@ -153,6 +159,7 @@ impl Config {
             stream: StreamOptions::default(),
             auto_spin: true,
             rack: None,
+            host: None,
             topology: None,
             serve_store: true,
             tuning_from_env: false,
@@ -207,7 +214,7 @@ impl Config {
             // Process-wide, like the memory it bounds.
             hcomm_core::pool::set_limit(b);
         }
-        (c.rack, c.topology) = rack_env()?;
+        (c.rack, c.topology, c.host) = place_env()?;
         if let Ok(v) = std::env::var("HCOMM_IFNAME") {
             c.ifname = Some(IfSpec::parse(&v)?);
         }
@@ -331,7 +338,7 @@ impl Config {
 
     /// Where this rank runs, as it reports it to the others.
     fn placement(&self) -> Placement {
-        placement_of(self.rack.clone(), self.topology.as_ref())
+        placement_of(self.rack.clone(), self.topology.as_ref(), self.host.clone())
     }
 
     async fn rendezvous(&self) -> Result<(Vec<Option<TcpStream>>, Vec<Placement>, Keep)> {

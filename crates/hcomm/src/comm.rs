@@ -74,6 +74,12 @@ impl<T: LocalTransport> Communicator<T> {
         self.group.ring()
     }
 
+    /// The allreduce algorithm an `all_reduce` of `bytes` would run now (floats:
+    /// `float`), by the selection rules of the crate documentation.
+    pub fn allreduce_algo_for(&self, bytes: usize, float: bool) -> coll::AllreduceAlgo {
+        self.group.allreduce_algo(bytes, float, None)
+    }
+
     /// Number of levels (host, rack) at which the hierarchical allreduce
     /// reduce-scatters before its top ring: 0 when the placement has no hierarchy it
     /// can use.

@@ -106,6 +106,9 @@ fn start(c: &Cluster, case: &str, ready: &Path, env: &[(&str, &str)]) -> Vec<Chi
             let mut cmd = c.command(h, &me);
             cmd.args(["netfault_rank", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
                 .env("HCOMM_RANK", h.to_string())
+                // The namespaces share this machine's hostname: without their own host
+                // names the ranks would talk through shared memory, not the network.
+                .env("HCOMM_HOST", format!("h{h}"))
                 .env("HCOMM_SIZE", HOSTS.to_string())
                 .env("HCOMM_ADDR", format!("{}:{PORT}", netem::host_ip(0)))
                 .env("HCOMM_JOB_ID", format!("netfault-{case}"))

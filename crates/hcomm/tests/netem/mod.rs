@@ -6,7 +6,8 @@
 //! which look up the path (source host, destination host), drop the packet if the
 //! path is down or by the path's loss probability, and hand it to the destination's
 //! device after the path's delay (and, with a rate set, after the time the link takes
-//! to carry it, queued behind the path's earlier packets).
+//! to carry it, queued behind the path's earlier packets, or behind every packet of a
+//! shared link such as an emulated spine: [`Cluster::set_spine`]).
 //!
 //! Why not `tc netem`: this machine's kernel has neither `sch_netem` nor `sch_fq` nor
 //! `nft queue` (`tc qdisc add … netem` fails with "Specified qdisc kind is unknown"),
@@ -15,6 +16,8 @@
 //!
 //! Needs root (namespaces, TUN) and `ip` from iproute2; [`Cluster::new`] returns the
 //! reason when it cannot build the hosts, for the test to print and skip.
+
+#![allow(dead_code)] // each test binary uses part of it
 
 use std::collections::BinaryHeap;
 use std::fs::File;
@@ -36,11 +39,15 @@ pub struct Path {
     pub loss: f64,
     /// Bytes per second; `None` for unlimited.
     pub rate: Option<f64>,
+    /// With a rate: the longest a packet may wait for the link (the buffer of the
+    /// switch in front of it); later packets are dropped, as a full buffer drops
+    /// them. `None`: packets wait as long as it takes.
+    pub queue: Option<Duration>,
 }
 
 impl Default for Path {
     fn default() -> Path {
-        Path { up: true, delay: Duration::ZERO, loss: 0.0, rate: None }
+        Path { up: true, delay: Duration::ZERO, loss: 0.0, rate: None, queue: None }
     }
 }
 
@@ -75,9 +82,14 @@ struct State {
     busy_until: Vec<Vec<Instant>>,
     queue: BinaryHeap<Packet>,
     order: u64,
-    /// Packets dropped by loss or a cut, and packets carried, per path.
+    /// Packets dropped by loss or a cut, and packets and bytes carried, per path.
     dropped: Vec<Vec<u64>>,
     carried: Vec<Vec<u64>>,
+    bytes: Vec<Vec<u64>>,
+    /// The shared link each path's packets queue on for its rate, if any (a spine
+    /// that several paths cross), and when each shared link is free again.
+    link_of: Vec<Vec<Option<usize>>>,
+    link_busy: Vec<Instant>,
 }
 
 struct Shared {
@@ -162,6 +174,9 @@ impl Cluster {
                     order: 0,
                     dropped: vec![vec![0; hosts]; hosts],
                     carried: vec![vec![0; hosts]; hosts],
+                    bytes: vec![vec![0; hosts]; hosts],
+                    link_of: vec![vec![None; hosts]; hosts],
+                    link_busy: Vec::new(),
                 }),
                 wake: Condvar::new(),
                 stop: AtomicBool::new(false),
@@ -208,6 +223,39 @@ impl Cluster {
         for o in 0..n {
             st.paths[h][o].up = !cut;
             st.paths[o][h].up = !cut;
+        }
+    }
+
+    /// Groups the hosts into racks (`rack_of[h]`) joined by a spine: every path between
+    /// two racks gets `spine`'s delay, loss and state, and its packets queue, for
+    /// `spine`'s rate, on one link per ordered pair of racks that all such paths share
+    /// (as a switch uplink is shared). Paths inside a rack are left as they are.
+    pub fn set_spine(&self, rack_of: &[usize], spine: Path) {
+        let mut st = self.shared.state.lock().unwrap();
+        let n = st.paths.len();
+        assert_eq!(rack_of.len(), n);
+        let racks = rack_of.iter().max().map_or(0, |m| m + 1);
+        st.link_busy = vec![Instant::now(); racks * racks];
+        for a in 0..n {
+            for b in 0..n {
+                if rack_of[a] != rack_of[b] {
+                    st.paths[a][b] = spine;
+                    st.link_of[a][b] = Some(rack_of[a] * racks + rack_of[b]);
+                }
+            }
+        }
+    }
+
+    /// Bytes (IP packets, headers included) carried so far from `a` to `b`.
+    pub fn bytes(&self, a: usize, b: usize) -> u64 {
+        self.shared.state.lock().unwrap().bytes[a][b]
+    }
+
+    /// Resets the byte counters.
+    pub fn reset_bytes(&self) {
+        let mut st = self.shared.state.lock().unwrap();
+        for row in &mut st.bytes {
+            row.fill(0);
         }
     }
 
@@ -266,12 +314,24 @@ fn receive(s: &Shared, h: usize) {
             continue;
         }
         st.carried[h][to] += 1;
+        st.bytes[h][to] += data.len() as u64;
         let now = Instant::now();
         let sent = match p.rate {
             Some(rate) => {
-                let start = st.busy_until[h][to].max(now);
+                let link = st.link_of[h][to];
+                let busy = match link {
+                    Some(l) => &mut st.link_busy[l],
+                    None => &mut st.busy_until[h][to],
+                };
+                let start = (*busy).max(now);
+                if p.queue.is_some_and(|q| start - now > q) {
+                    st.carried[h][to] -= 1;
+                    st.bytes[h][to] -= data.len() as u64;
+                    st.dropped[h][to] += 1;
+                    continue;
+                }
                 let done = start + Duration::from_secs_f64(data.len() as f64 / rate);
-                st.busy_until[h][to] = done;
+                *busy = done;
                 done
             }
             None => now,
