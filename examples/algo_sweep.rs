@@ -270,6 +270,7 @@ fn main() {
             let mut comm = hcomm::init().await.unwrap_or_else(|e| fail(e));
             let how = prepare(&mut comm, &a).await.unwrap_or_else(|e| fail(e));
             sweep(&comm, &a, &format!("processes; {how}")).await.unwrap_or_else(|e| fail(e));
+            comm.finalize().await.unwrap_or_else(|e| fail(e));
         }),
         ("tcp", false) => launch_self(a.ranks),
         (other, _) => fail(format!("unknown transport {other:?} (tcp, mem)")),

@@ -128,6 +128,7 @@ fn as_rank(args: &Args) {
         if comm.rank() == 0 {
             report(comm.size(), comm.transport_name(), "one process each", args, &mut times);
         }
+        comm.finalize().await.unwrap_or_else(|e| fail(e));
     };
     match args.transport {
         Kind::Tcp | Kind::Shm => rank_runtime().block_on(async {

@@ -619,6 +619,7 @@ fn main() {
             if comm.rank() == 0 {
                 finish(&a, "processes", rows);
             }
+            comm.finalize().await.unwrap_or_else(|e| fail(e));
         }),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         ("uring", true) => tokio_uring::start(async {
@@ -629,6 +630,7 @@ fn main() {
             if comm.rank() == 0 {
                 finish(&a, "processes", rows);
             }
+            comm.finalize().await.unwrap_or_else(|e| fail(e));
         }),
         ("tcp" | "uring" | "shm", false) => {
             let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));

@@ -72,4 +72,20 @@ pub trait LocalTransport {
     /// Closes every connection in an orderly way: peers see a close frame, pending
     /// receives here fail with a closed error.
     fn close(&self);
+
+    /// Closes as [`LocalTransport::close`] does, then waits, up to `deadline`, until
+    /// everything queued here is written and every peer has closed too, so that no
+    /// message still in flight is lost when the process exits (closing a socket with
+    /// unread data resets it, and the kernel then drops what it had not sent). Every
+    /// rank must call it, as MPI's `MPI_Finalize`. A transport with nothing in
+    /// flight may close at once.
+    ///
+    /// # Errors
+    /// A timeout error naming the peers that had not closed by the deadline (the
+    /// transport is closed all the same).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the transport closed, its connections ending as
+    /// after [`LocalTransport::close`].
+    async fn shutdown(&self, deadline: std::time::Duration) -> Result<()>;
 }

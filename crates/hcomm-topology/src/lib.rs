@@ -323,11 +323,13 @@ impl Grid {
 
     /// Where to put the ranks of `topo` on this grid: `order[g]` is the rank for grid
     /// rank `g`. Ranks in ring order (rack, host, NUMA node) fill the grid tile by
-    /// tile, a tile holding as many positions as the first host has ranks, its shape
-    /// the one with the least surface that divides the grid; so grid neighbours share
-    /// a host as often as the hardware allows. Where no tile shape fits (hosts of
-    /// unequal size, extents that do not divide), ranks fill the grid in row-major
-    /// order, which still keeps each host's ranks in whole rows where they fit.
+    /// tile: one tile per rack, its shape the one with the least surface that divides
+    /// the grid, and inside it one sub-tile per host, again of least surface; so grid
+    /// neighbours share a host, or else a rack, as often as the hardware allows. A
+    /// level whose groups differ in size, or whose tile does not fit, is left out
+    /// (hosts tiled straight over the grid); where no host tile fits either, ranks
+    /// fill the grid in row-major order, which still keeps each host's ranks in whole
+    /// rows where they fit.
     ///
     /// # Errors
     /// An invalid-argument error if the grid does not have `topo.size()` positions.
@@ -341,12 +343,23 @@ impl Grid {
             )));
         }
         let ranks = topo.ring_order();
-        let per_host = (0..topo.host_count()).map(|h| (0..topo.size()).filter(|&r| topo.host_of(r) == h).count());
-        let per_host: Vec<usize> = per_host.collect();
-        let cells = match per_host.iter().all(|&k| k == per_host[0]).then(|| self.tile(per_host[0])).flatten() {
-            Some(tile) => self.tiled_order(&tile),
-            None => (0..self.size()).collect(),
+        // The group size at a level, if every group there has as many ranks.
+        let equal = |groups: usize, of: &dyn Fn(usize) -> usize| -> Option<usize> {
+            let sizes: Vec<usize> = (0..groups).map(|g| (0..topo.size()).filter(|&r| of(r) == g).count()).collect();
+            sizes.iter().all(|&k| k == sizes[0]).then(|| sizes[0])
         };
+        let per_host = equal(topo.host_count(), &|r| topo.host_of(r));
+        let per_rack = equal(topo.rack_count(), &|r| topo.rack_of(r)).filter(|_| topo.rack_count() > 1);
+        let levels: Vec<Vec<usize>> = match (per_rack, per_host) {
+            (Some(r), Some(h)) => vec![vec![r, h], vec![h]],
+            (None, Some(h)) => vec![vec![h]],
+            _ => Vec::new(),
+        };
+        let cells = levels
+            .iter()
+            .find_map(|ks| nested_tiles(&self.dims, ks))
+            .map(|coords| coords.iter().map(|c| self.index(c)).collect())
+            .unwrap_or_else(|| (0..self.size()).collect::<Vec<usize>>());
         let mut order = vec![0; self.size()];
         for (cell, rank) in cells.into_iter().zip(ranks) {
             order[cell] = rank;
@@ -354,47 +367,9 @@ impl Grid {
         Ok(order)
     }
 
-    /// The tile of `k` positions (extents dividing the grid's) with the least surface.
-    fn tile(&self, k: usize) -> Option<Vec<usize>> {
-        fn search(dims: &[usize], k: usize, cur: &mut Vec<usize>, best: &mut Option<(usize, Vec<usize>)>) {
-            let i = cur.len();
-            if i == dims.len() {
-                if k == 1 {
-                    let vol: usize = cur.iter().product();
-                    let surface = cur.iter().map(|&t| vol / t).sum();
-                    if best.as_ref().is_none_or(|(s, _)| surface < *s) {
-                        *best = Some((surface, cur.clone()));
-                    }
-                }
-                return;
-            }
-            for t in (1..=dims[i]).filter(|t| dims[i] % t == 0 && k % t == 0) {
-                cur.push(t);
-                search(dims, k / t, cur, best);
-                cur.pop();
-            }
-        }
-        let mut best = None;
-        search(&self.dims, k, &mut Vec::new(), &mut best);
-        best.map(|(_, t)| t)
-    }
-
-    /// Grid ranks tile by tile (tiles in row-major order, positions within a tile in
-    /// row-major order).
-    fn tiled_order(&self, tile: &[usize]) -> Vec<usize> {
-        let tiles =
-            Grid { dims: self.dims.iter().zip(tile).map(|(d, t)| d / t).collect(), periodic: self.periodic.clone() };
-        let inner = Grid { dims: tile.to_vec(), periodic: self.periodic.clone() };
-        let mut out = Vec::with_capacity(self.size());
-        for t in 0..tiles.size() {
-            let tc = tiles.coords(t);
-            for i in 0..inner.size() {
-                let c: Vec<isize> =
-                    inner.coords(i).iter().zip(&tc).zip(tile).map(|((&x, &y), &w)| (y * w + x) as isize).collect();
-                out.push(self.rank_at(&c).expect("inside the grid"));
-            }
-        }
-        out
+    /// Grid rank of in-range coordinates (row-major).
+    fn index(&self, coords: &[usize]) -> usize {
+        coords.iter().zip(&self.dims).fold(0, |acc, (&c, &d)| acc * d + c)
     }
 
     /// Number of neighbour pairs (each counted once) whose ranks under `order`
@@ -405,6 +380,53 @@ impl Grid {
             .filter(|&(g, n)| topo.level(order[g], order[n]) >= level)
             .count()
     }
+}
+
+/// The tile of `k` positions whose extents divide `dims` with the least surface.
+fn least_surface_tile(dims: &[usize], k: usize) -> Option<Vec<usize>> {
+    fn search(dims: &[usize], k: usize, cur: &mut Vec<usize>, best: &mut Option<(usize, Vec<usize>)>) {
+        let i = cur.len();
+        if i == dims.len() {
+            if k == 1 {
+                let vol: usize = cur.iter().product();
+                let surface = cur.iter().map(|&t| vol / t).sum();
+                if best.as_ref().is_none_or(|(s, _)| surface < *s) {
+                    *best = Some((surface, cur.clone()));
+                }
+            }
+            return;
+        }
+        for t in (1..=dims[i]).filter(|t| dims[i] % t == 0 && k % t == 0) {
+            cur.push(t);
+            search(dims, k / t, cur, best);
+            cur.pop();
+        }
+    }
+    let mut best = None;
+    search(dims, k, &mut Vec::new(), &mut best);
+    best.map(|(_, t)| t)
+}
+
+/// The coordinates of a box of extents `dims`, ordered so that each run of `ks[0]`
+/// consecutive positions is one least-surface tile of the box, each run of `ks[1]`
+/// inside it one least-surface tile of that tile, and so on; positions in row-major
+/// order inside the last level's tiles. `None` where some level has no tile.
+fn nested_tiles(dims: &[usize], ks: &[usize]) -> Option<Vec<Vec<usize>>> {
+    let Some((&k, rest)) = ks.split_first() else {
+        let all = Grid { dims: dims.to_vec(), periodic: vec![false; dims.len()] };
+        return Some((0..all.size()).map(|i| all.coords(i)).collect());
+    };
+    let tile = least_surface_tile(dims, k)?;
+    let inside = nested_tiles(&tile, rest)?;
+    let tiles = Grid { dims: dims.iter().zip(&tile).map(|(d, t)| d / t).collect(), periodic: vec![false; dims.len()] };
+    let mut out = Vec::with_capacity(dims.iter().product());
+    for t in 0..tiles.size() {
+        let tc = tiles.coords(t);
+        for pos in &inside {
+            out.push(pos.iter().zip(&tc).zip(&tile).map(|((&p, &c), &w)| c * w + p).collect());
+        }
+    }
+    Some(out)
 }
 
 /// The hostname part of a host identity or a hostname.
@@ -685,7 +707,7 @@ mod tests {
         assert_eq!(before, 56);
         // One 2 x 4 tile per host; only pairs across tile edges cross: 8 across the
         // one vertical edge, 3 x 8 across the three horizontal ones.
-        assert_eq!(g.tile(8), Some(vec![2, 4]));
+        assert_eq!(least_surface_tile(&[8, 8], 8), Some(vec![2, 4]));
         assert_eq!(after, 32);
         // Unequal hosts: row-major over the ring order.
         let t = Topology::from_hosts(&["a", "b", "a", "a", "b", "a"]);
@@ -693,6 +715,37 @@ mod tests {
         let placed = g.placement(&t).unwrap();
         assert_eq!(g.crossings(&placed, &t, Level::Rack), 3);
         assert!(Grid::new(&[2, 2], &[]).unwrap().placement(&t).is_err());
+    }
+
+    #[test]
+    fn grid_placement_keeps_racks_together_too() {
+        // 8 ranks, rank r on host r % 4, host h in rack h % 2: in rank order a 2 x 4
+        // grid has 6 of its 10 neighbour pairs across racks.
+        let p: Vec<Placement> = (0..8)
+            .map(|r| Placement { host: format!("h{}", r % 4), rack: Some(format!("r{}", r % 4 % 2)), numa: None })
+            .collect();
+        let t = Topology::from_placements(&p);
+        let g = Grid::new(&[2, 4], &[]).unwrap();
+        let naive: Vec<usize> = (0..8).collect();
+        assert_eq!(g.crossings(&naive, &t, Level::Spine), 6);
+        // One 2 x 2 tile per rack, one 1 x 2 tile per host inside it: only the two
+        // pairs across the middle column edge cross racks.
+        let placed = g.placement(&t).unwrap();
+        assert_eq!(g.crossings(&placed, &t, Level::Spine), 2);
+        assert_eq!(g.crossings(&placed, &t, Level::Rack), 6);
+        for r in 0..8 {
+            let at = placed.iter().position(|&x| x == r).unwrap();
+            let mate = placed.iter().position(|&x| x != r && t.host_of(x) == t.host_of(r)).unwrap();
+            assert!(g.neighbours(at).contains(&mate), "rank {r} and its host mate are not neighbours");
+        }
+        // Racks of different sizes: hosts tiled straight over the grid.
+        let mut p2 = p.clone();
+        p2[1].rack = Some("r0".into());
+        p2[5].rack = Some("r0".into());
+        let t2 = Topology::from_placements(&p2);
+        assert_eq!(g.crossings(&g.placement(&t2).unwrap(), &t2, Level::Rack), 6);
+        assert_eq!(nested_tiles(&[2, 4], &[4, 2]).unwrap().len(), 8);
+        assert_eq!(nested_tiles(&[2, 4], &[3]), None);
     }
 
     #[test]

@@ -103,6 +103,13 @@ struct Links {
     /// Reader and writer task of each peer.
     tasks: Mutex<Vec<Vec<AbortHandle>>>,
     closed: AtomicBool,
+    /// Per peer: its reader has stopped (its close frame came, or the connection
+    /// ended) and its writer has stopped (our close frame is written, or the
+    /// connection failed). An orderly shutdown waits for both.
+    reader_done: Vec<AtomicBool>,
+    writer_done: Vec<AtomicBool>,
+    /// Woken whenever a reader or writer stops.
+    stopped: tokio::sync::Notify,
 }
 
 impl Links {
@@ -114,11 +121,26 @@ impl Links {
         self.heard[peer].store(self.now_ms(), Ordering::Relaxed);
     }
 
-    /// Stops serving `peer` (its sockets close when both tasks are gone).
+    fn mark(&self, flags: &[AtomicBool], peer: Rank) {
+        flags[peer].store(true, Ordering::Release);
+        self.stopped.notify_waiters();
+    }
+
+    /// The peers whose reader or writer still runs.
+    fn unfinished(&self) -> Vec<Rank> {
+        (0..self.heard.len())
+            .filter(|&p| !self.reader_done[p].load(Ordering::Acquire) || !self.writer_done[p].load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Stops serving `peer` (its sockets close when both tasks are gone); an orderly
+    /// shutdown no longer waits for it.
     fn drop_peer(&self, peer: Rank) {
         for h in self.tasks.lock()[peer].drain(..) {
             h.abort();
         }
+        self.reader_done[peer].store(true, Ordering::Release);
+        self.mark(&self.writer_done, peer);
     }
 }
 
@@ -278,6 +300,9 @@ impl StreamTransport {
             heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
             tasks: Mutex::new(vec![Vec::new(); size]),
             closed: AtomicBool::new(false),
+            reader_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
+            writer_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
+            stopped: tokio::sync::Notify::new(),
         });
         let t = StreamTransport { rank, size, name, mailbox, links, shared };
         (t, rxs)
@@ -307,13 +332,13 @@ impl StreamTransport {
                     let (rd, wr) = s.into_split();
                     let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin };
                     let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
-                    let w = tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
+                    let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     vec![r.abort_handle(), w.abort_handle()]
                 }
                 PeerLink::Shm(pair, s) => {
                     let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
                     let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
-                    let w = tokio::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
+                    let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     let b = tokio::spawn(bell);
                     vec![r.abort_handle(), w.abort_handle(), b.abort_handle()]
                 }
@@ -354,7 +379,7 @@ impl StreamTransport {
                         uring_io::UringLink(s),
                         rx,
                         peer,
-                        t.mailbox.clone(),
+                        t.shared.clone(),
                         opts.fragment,
                         heartbeat,
                     ));
@@ -363,7 +388,7 @@ impl StreamTransport {
                 PeerLink::Shm(pair, s) => {
                     let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
                     let r = tokio_uring::spawn(read_loop(rd, peer, t.shared.clone()));
-                    let w = tokio_uring::spawn(write_loop(wr, rx, peer, t.mailbox.clone(), opts.fragment, heartbeat));
+                    let w = tokio_uring::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     let b = tokio_uring::spawn(bell);
                     vec![r.abort_handle(), w.abort_handle(), b.abort_handle()]
                 }
@@ -399,7 +424,11 @@ impl StreamTransport {
             }
             return Ok(());
         };
-        if let Some(e) = self.mailbox.peer_failure(peer) {
+        // A close frame still goes to a peer that closed first (it waits for ours to
+        // finish its shutdown); the writer of a broken link is gone and refuses it.
+        if header.kind != FrameKind::Close
+            && let Some(e) = self.mailbox.peer_failure(peer)
+        {
             return Err(e);
         }
         link.send(Outgoing { header, payload, done }).map_err(|_| {
@@ -451,13 +480,57 @@ impl Transport for StreamTransport {
     }
 
     fn close(&self) {
+        if self.post_closes() {
+            self.stop_readers();
+        }
+    }
+
+    async fn shutdown(&self, deadline: Duration) -> Result<()> {
+        self.post_closes();
+        let shared = &self.shared;
+        let all_done = async {
+            loop {
+                let stopped = shared.stopped.notified();
+                tokio::pin!(stopped);
+                stopped.as_mut().enable();
+                if shared.unfinished().is_empty() {
+                    return;
+                }
+                stopped.await;
+            }
+        };
+        let waited = tokio::time::timeout(deadline, all_done).await;
+        self.stop_readers();
+        match waited {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "shutdown: ranks {:?} had not closed (or this rank had not written everything to them) after {} ms",
+                    shared.unfinished(),
+                    deadline.as_millis()
+                ),
+            )
+            .at_rank(self.rank)),
+        }
+    }
+}
+
+impl StreamTransport {
+    /// Queues a close frame to every peer, once; `true` the first time.
+    fn post_closes(&self) -> bool {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         for peer in (0..self.size).filter(|&p| p != self.rank) {
             self.post(peer, Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, 0), Bytes::new());
         }
-        // Readers stop now; writers once they have written the close frame.
+        true
+    }
+
+    /// Readers stop now; writers once they have written the close frame. Pending and
+    /// later receives fail with a closed error.
+    fn stop_readers(&self) {
         for tasks in self.shared.tasks.lock().iter_mut() {
             if let Some(r) = tasks.first() {
                 r.abort();
@@ -497,7 +570,7 @@ async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, links: Arc<Links>) {
     links.heard_from(peer);
     let err = loop {
         match deliver_all(&mut asm, mailbox) {
-            Ok(true) => return,
+            Ok(true) => return links.mark(&links.reader_done, peer),
             Ok(false) => {}
             Err(e) => break e.with_peer(peer),
         }
@@ -512,6 +585,7 @@ async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, links: Arc<Links>) {
     };
     tracing::debug!(peer, error = %err, "reader stopped");
     mailbox.fail_peer(peer, err);
+    links.mark(&links.reader_done, peer);
 }
 
 /// Writes the messages queued for one peer until the close frame is written, the
@@ -520,7 +594,7 @@ async fn write_loop<L: WriteLink>(
     mut link: L,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     peer: Rank,
-    mailbox: Arc<Mailbox>,
+    links: Arc<Links>,
     fragment: usize,
     heartbeat: Option<Duration>,
 ) {
@@ -538,7 +612,7 @@ async fn write_loop<L: WriteLink>(
                     Ok(next) => next,
                     // Idle for a heartbeat period: tell the peer this rank is alive.
                     Err(_) => Some(Outgoing {
-                        header: Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, mailbox.rank(), 0, 0, 0),
+                        header: Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, links.mailbox.rank(), 0, 0, 0),
                         payload: Bytes::new(),
                         done: None,
                     }),
@@ -560,12 +634,13 @@ async fn write_loop<L: WriteLink>(
         if let Err(e) = res {
             let err = broken(peer, "sending", e);
             fail_queue(&mut q, &mut rx, &err);
-            mailbox.fail_peer(peer, err);
-            return;
+            links.mailbox.fail_peer(peer, err);
+            return links.mark(&links.writer_done, peer);
         }
         q.written();
     }
     link.finish().await;
+    links.mark(&links.writer_done, peer);
 }
 
 mod tokio_io {

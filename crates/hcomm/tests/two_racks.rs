@@ -262,3 +262,89 @@ fn two_racks_benchmark() {
         report(&format!("round {round}"), bytes, &runs);
     }
 }
+
+/// `examples/halo_exchange` on the two racks, with and without the grid hint, three
+/// rounds, on a slower spine (4 MB/s, 2 ms: halos across it cost more than the
+/// interior computation hides). By hand, after building the example:
+/// `cargo build --release --example halo_exchange && cargo test --release -p hcomm --test two_racks -- --ignored --nocapture halo_benchmark`.
+#[test]
+#[ignore = "a benchmark, run by hand"]
+fn halo_benchmark() {
+    let Some(c) = cluster() else { return };
+    let racks: Vec<usize> = (0..HOSTS).map(rack_of_host).collect();
+    let rate = 4e6;
+    c.set_spine(
+        &racks,
+        netem::Path {
+            delay: Duration::from_millis(2),
+            rate: Some(rate),
+            queue: Some(Duration::from_secs_f64(2e6 / rate)),
+            ..netem::Path::default()
+        },
+    );
+    let exe = std::env::current_exe().unwrap();
+    let example = exe.parent().unwrap().parent().unwrap().join("examples").join("halo_exchange");
+    assert!(example.exists(), "{} is missing: build it with cargo build --example halo_exchange", example.display());
+    let cells = std::env::var("HALO_CELLS").unwrap_or_else(|_| "512".into());
+    let mut port = 29800;
+    // Runs the example; returns the spine bytes and rank 0's report.
+    let mut halo = |hint: &str, steps: usize| -> (u64, String) {
+        port += 1;
+        c.reset_bytes();
+        let children: Vec<Child> = (0..RANKS)
+            .map(|r| {
+                let h = host_of(r);
+                let mut cmd = c.command(h, &example);
+                cmd.args(["--grid", "2x4", "--cells", &cells, "--steps", &steps.to_string(), "--hint", hint])
+                    .env("HCOMM_RANK", r.to_string())
+                    .env("HCOMM_SIZE", RANKS.to_string())
+                    .env("HCOMM_ADDR", format!("{}:{port}", netem::host_ip(0)))
+                    .env("HCOMM_JOB_ID", format!("halo-{port}"))
+                    .env("HCOMM_JOB_SECRET", "halo benchmark")
+                    .env("HCOMM_IFNAME", "10.78.0.0/24,^lo")
+                    .env("HCOMM_HOST", format!("h{h}"))
+                    .env("HCOMM_RACK", format!("rack{}", rack_of_host(h)))
+                    .env("HCOMM_TCP_SPIN_US", "0")
+                    .env("HCOMM_SHM_SPIN_US", "0")
+                    .env("HCOMM_PEER_TIMEOUT", "5")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                cmd.spawn().unwrap()
+            })
+            .collect();
+        let outs: Vec<Output> = children.into_iter().map(|ch| ch.wait_with_output().unwrap()).collect();
+        let mut report = String::new();
+        for (r, o) in outs.iter().enumerate() {
+            let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            if !o.status.success() {
+                let all: Vec<String> = outs
+                    .iter()
+                    .enumerate()
+                    .map(|(q, o)| format!("rank {q}: {}", String::from_utf8_lossy(&o.stderr)))
+                    .collect();
+                panic!("hint {hint}: rank {r} failed:\n{out}\n{err}\nall ranks:\n{}", all.join("\n"));
+            }
+            report.push_str(&out);
+        }
+        let spine = (0..HOSTS)
+            .flat_map(|a| (0..HOSTS).map(move |b| (a, b)))
+            .filter(|&(a, b)| racks[a] != racks[b])
+            .map(|(a, b)| c.bytes(a, b))
+            .sum();
+        (spine, report)
+    };
+    for round in 0..3 {
+        for hint in ["none", "grid"] {
+            // The same job without steps: bootstrap, the final gather and checks.
+            let (base, _) = halo(hint, 0);
+            let (spine, report) = halo(hint, 100);
+            println!(
+                "round {round} hint {hint}: halo bytes across the spine {:.2} MB (job {:.2} MB, of which {:.2} MB without steps)\n{}",
+                spine.saturating_sub(base) as f64 / 1e6,
+                spine as f64 / 1e6,
+                base as f64 / 1e6,
+                report.trim_end()
+            );
+        }
+    }
+}

@@ -78,7 +78,8 @@ fn topo() -> i32 {
         if comm.rank() == 0 {
             print!("{}", comm.topology());
         }
-        comm.barrier().await
+        comm.barrier().await?;
+        comm.finalize().await
     })
     .map_or_else(fail, |()| 0)
 }

@@ -1,0 +1,88 @@
+//! `finalize`: a rank that sends a large message and exits at once must not cut it
+//! off on its way to a slower receiver, and a peer that never finalizes makes
+//! `finalize` fail by its deadline, naming that peer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hcomm::Config;
+
+/// A free loopback port for the rendezvous (taken and released; another process could
+/// take it in between, which this machine's tests do not).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn config(rank: usize, port: u16) -> Config {
+    let mut c = Config::new(rank, 2, format!("127.0.0.1:{port}"));
+    c.job_id = format!("finalize-{port}");
+    c.secret = Some(String::from("finalize test secret"));
+    c.shm = false;
+    c
+}
+
+fn data(len: usize) -> Vec<u64> {
+    (0..len as u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect()
+}
+
+/// Each rank on a thread and a runtime of its own, as a process would have them.
+/// Rank 0 sends 48 MiB and finalizes; its runtime then ends, which kills its tasks
+/// and closes its sockets as a process exit does. Rank 1 only starts receiving after
+/// a pause. `finalize` on rank 0 must not return before rank 1 has the whole message
+/// (rank 1 finalizes only after receiving it): a process that exits before that can
+/// cut off what is still in flight (a socket closed with unread bytes is reset and
+/// the kernel drops what it had not sent; the emulated two-rack cluster, whose slow
+/// spine keeps megabytes in flight for seconds, lost a gather's tail that way). On
+/// loopback the kernel hands the bytes over too fast to show the loss itself, so the
+/// test checks the ordering that prevents it.
+#[test]
+fn finalize_waits_until_the_peer_has_what_was_sent() {
+    let port = free_port();
+    let len = 6 << 20;
+    let received = Arc::new(AtomicBool::new(false));
+    let seen = received.clone();
+    let sender = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let comm = config(0, port).connect().await.unwrap();
+            comm.send(1, 7, &data(len)).await.unwrap();
+            comm.finalize().await.unwrap();
+            assert!(seen.load(Ordering::Acquire), "finalize returned before rank 1 had the message");
+        });
+        // The runtime drops here, with every task of the transport.
+    });
+    let receiver = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let comm = config(1, port).connect().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let got: Vec<u64> = comm.recv(0, 7).await.unwrap();
+            assert!(got == data(len), "the message arrived altered");
+            received.store(true, Ordering::Release);
+            comm.finalize().await.unwrap();
+        });
+    });
+    sender.join().unwrap();
+    receiver.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_names_a_peer_that_never_finalizes() {
+    let mut comms = hcomm::local_tcp(3).await.unwrap();
+    let lazy = comms.pop().unwrap();
+    for c in &mut comms {
+        c.set_timeout(Duration::from_millis(500));
+    }
+    let t = Instant::now();
+    let res = futures::future::join_all(comms.into_iter().map(|c| c.finalize())).await;
+    assert!(t.elapsed() < Duration::from_secs(5), "finalize overran its deadline: {:?}", t.elapsed());
+    for e in res {
+        let e = e.unwrap_err();
+        assert!(e.to_string().contains("ranks [2] had not closed"), "{e}");
+    }
+    // Rank 2 finalizes late: ranks 0 and 1 have closed, so it does not wait.
+    let t = Instant::now();
+    lazy.finalize().await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
