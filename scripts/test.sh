@@ -39,8 +39,9 @@ check "hcomm run -n 4 (uring)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3 --t
 check "hcomm run -n 4 (shm)" "$bin" run -n 4 -- "$ex" --bytes 4M --iters 3 --transport shm
 check "ring_allreduce --transport mem" "$ex" --bytes 4M --iters 3 --transport mem
 check "hcomm run -n 3, HCOMM_ALGO_ALLREDUCE=rabenseifner" env HCOMM_ALGO_ALLREDUCE=rabenseifner "$bin" run -n 3 -- "$ex" --bytes 1M --iters 3 --algo auto
-cargo build --release --example overlap --example algo_sweep
+cargo build --release --example overlap --example algo_sweep --example halo_exchange
 check "overlap (2 ranks)" target/release/examples/overlap --ranks 2 --iters 1 --buckets 3
+check "halo_exchange 2x2 (shm, grid hint)" "$bin" run -n 4 -- target/release/examples/halo_exchange --grid 2x2 --cells 64 --steps 20
 if command -v mpirun >/dev/null; then
     # Ranks above 2 oversubscribe this 2-core machine.
     check "mpirun -n 4 (OpenMPI environment)" mpirun --allow-run-as-root --oversubscribe -n 4 "$ex" --bytes 4M --iters 3
