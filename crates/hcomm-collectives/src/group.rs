@@ -357,6 +357,18 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         &self.g.ring
     }
 
+    /// The order of a tree or chain rooted at `root`: `order[v]` is the group rank at
+    /// virtual rank `v`, the root at 0 ([`Topology::tree_order`]); rank order rotated
+    /// to the root when topology awareness is off.
+    pub fn tree_order(&self, root: usize) -> Vec<usize> {
+        if self.g.tuning.topology_aware {
+            self.g.topology.tree_order(&self.g.ring, root)
+        } else {
+            let n = self.size();
+            (0..n).map(|v| (root + v) % n).collect()
+        }
+    }
+
     /// A payload holding `data`, in memory the transport sends cheaply.
     pub fn payload<E: Element>(&self, data: &[E]) -> Bytes {
         let bytes: &[u8] = bytemuck::cast_slice(data);

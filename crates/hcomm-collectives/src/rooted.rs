@@ -66,8 +66,10 @@ pub(crate) async fn bcast_binomial<T: LocalTransport, E: Element>(
     root: usize,
     tag: u32,
 ) -> Result<()> {
-    let (n, vr) = (ctx.size(), (ctx.rank() + ctx.size() - root) % ctx.size());
-    let real = |v: usize| (v + root) % n;
+    let n = ctx.size();
+    let order = ctx.tree_order(root);
+    let vr = order.iter().position(|&r| r == ctx.rank()).expect("the tree holds every rank");
+    let real = |v: usize| order[v];
     let mut mask = 1;
     while mask < n {
         if vr & mask != 0 {
@@ -107,8 +109,10 @@ async fn bcast_scatter_allgather<T: LocalTransport, E: Element>(
 }
 
 async fn bcast_chain<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], root: usize) -> Result<()> {
-    let (n, vr) = (ctx.size(), (ctx.rank() + ctx.size() - root) % ctx.size());
-    let (prev, next) = ((ctx.rank() + n - 1) % n, (ctx.rank() + 1) % n);
+    let n = ctx.size();
+    let order = ctx.tree_order(root);
+    let vr = order.iter().position(|&r| r == ctx.rank()).expect("the chain holds every rank");
+    let (prev, next) = (order[(vr + n - 1) % n], order[(vr + 1) % n]);
     let per = (BCAST_CHAIN_CHUNK_BYTES / std::mem::size_of::<E>()).max(1);
     let mut pieces: Vec<&mut [E]> = buf.chunks_mut(per).collect();
     if pieces.is_empty() {
@@ -174,8 +178,9 @@ pub(crate) async fn reduce_binomial<T: LocalTransport, E: Element>(
     tag: u32,
 ) -> Result<()> {
     let n = ctx.size();
-    let vr = (ctx.rank() + n - root) % n;
-    let real = |v: usize| (v + root) % n;
+    let order = ctx.tree_order(root);
+    let vr = order.iter().position(|&r| r == ctx.rank()).expect("the tree holds every rank");
+    let real = |v: usize| order[v];
     let mut mask = 1;
     while mask < n {
         if vr & mask == 0 {

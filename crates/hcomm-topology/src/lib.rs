@@ -201,6 +201,21 @@ impl Topology {
         order
     }
 
+    /// The order of a tree or chain rooted at `root` over `ring` (a ring such as
+    /// [`Topology::ring_order`] gives): `order[v]` is the rank at virtual rank `v`, the
+    /// root at 0. The ring rotated to start at the root, with the rest of the root's
+    /// host, then the rest of its rack, moved right after it, so that every host and
+    /// every rack stays contiguous: a binomial tree over it crosses the spine once
+    /// between two racks of equal power-of-two size, and a chain once per rack.
+    pub fn tree_order(&self, ring: &[usize], root: usize) -> Vec<usize> {
+        let n = ring.len();
+        let at = ring.iter().position(|&r| r == root).expect("the ring holds the root");
+        let mut order: Vec<usize> = (0..n).map(|i| ring[(at + i) % n]).collect();
+        // Stable: the rotated ring order holds within each class.
+        order.sort_by_key(|&r| (self.rack_of(r) != self.rack_of(root), self.host_of(r) != self.host_of(root)));
+        order
+    }
+
     /// Number of ring edges (including the closing one) whose ends share no level
     /// below `level`: with [`Level::Rack`], the edges that leave a host; with
     /// [`Level::Spine`], the edges that cross the spine.
@@ -746,6 +761,41 @@ mod tests {
         assert_eq!(g.crossings(&g.placement(&t2).unwrap(), &t2, Level::Rack), 6);
         assert_eq!(nested_tiles(&[2, 4], &[4, 2]).unwrap().len(), 8);
         assert_eq!(nested_tiles(&[2, 4], &[3]), None);
+    }
+
+    #[test]
+    fn binomial_trees_cross_the_spine_once() {
+        // 8 ranks, host r % 4, rack h % 2 (interleaved); a binomial tree in rank order
+        // from root 0 crosses the spine on 4 of its 7 edges.
+        let p: Vec<Placement> = (0..8)
+            .map(|r| Placement { host: format!("h{}", r % 4), rack: Some(format!("r{}", r % 4 % 2)), numa: None })
+            .collect();
+        let t = Topology::from_placements(&p);
+        let edges = |order: &[usize]| -> Vec<(usize, usize)> {
+            let mut e = Vec::new();
+            for v in 1..order.len() {
+                // The parent of v in a binomial tree: v without its lowest set bit.
+                e.push((order[v & (v - 1)], order[v]));
+            }
+            e
+        };
+        let spine = |order: &[usize]| edges(order).iter().filter(|&&(a, b)| t.level(a, b) == Level::Spine).count();
+        let host = |order: &[usize]| edges(order).iter().filter(|&&(a, b)| t.level(a, b) >= Level::Rack).count();
+        assert_eq!(spine(&(0..8).collect::<Vec<_>>()), 4);
+        let ring = t.ring_order();
+        for root in 0..8 {
+            let order = t.tree_order(&ring, root);
+            assert_eq!(order[0], root);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..8).collect::<Vec<_>>());
+            assert_eq!(spine(&order), 1, "root {root}: {order:?}");
+            // 4 hosts of 2: 3 edges must join hosts, and no more are used.
+            assert_eq!(host(&order), 3, "root {root}: {order:?}");
+            // A chain over the order leaves the root's rack once.
+            let chain = (1..8).filter(|&v| t.level(order[v - 1], order[v]) == Level::Spine).count();
+            assert_eq!(chain, 1);
+        }
     }
 
     #[test]

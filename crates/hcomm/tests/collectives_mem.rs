@@ -37,6 +37,32 @@ async fn rooted_collectives() {
     }
 }
 
+/// Broadcast (every algorithm) and reduce on placements over hosts and racks, where
+/// trees and chains follow the topology rather than rank order: every root.
+#[tokio::test(flavor = "current_thread")]
+async fn rooted_collectives_on_placements() {
+    for n in [3, 6, 8, 12] {
+        for (hosts, racks) in [(2, 2), (3, 1), (4, 2)] {
+            let p: Vec<hcomm::Placement> = (0..n)
+                .map(|r| hcomm::Placement {
+                    host: format!("h{}", r % hosts),
+                    rack: Some(format!("r{}", r % hosts % racks)),
+                    numa: None,
+                })
+                .collect();
+            let comms = hcomm::local_placed(&p);
+            for root in 0..n {
+                let seed = (n * 1000 + hosts * 10 + root) as u64;
+                for algo in BcastAlgo::ALL {
+                    colls::broadcast::<_, f64>(&comms, 1000, root, algo, seed).await;
+                }
+                colls::reduce::<_, i64>(&comms, 97, ReduceOp::Sum, root, seed).await;
+                colls::reduce::<_, f32>(&comms, 1000, ReduceOp::Max, root, seed).await;
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn exchanges_and_scans() {
     for n in 1..=16 {

@@ -114,29 +114,37 @@ struct Run {
     algo: String,
 }
 
+/// A command that runs `program` as rank `r` of a job on the cluster, its rendezvous
+/// on `port` of host 0.
+fn rank_command(c: &Cluster, r: usize, program: &std::path::Path, port: u16) -> std::process::Command {
+    let h = host_of(r);
+    let mut cmd = c.command(h, program);
+    cmd.env("HCOMM_RANK", r.to_string())
+        .env("HCOMM_SIZE", RANKS.to_string())
+        .env("HCOMM_ADDR", format!("{}:{port}", netem::host_ip(0)))
+        .env("HCOMM_JOB_ID", format!("two-racks-{port}"))
+        .env("HCOMM_JOB_SECRET", "two racks test")
+        .env("HCOMM_IFNAME", "10.78.0.0/24,^lo")
+        // The namespaces share one hostname: each names its own host.
+        .env("HCOMM_HOST", format!("h{h}"))
+        .env("HCOMM_RACK", format!("rack{}", rack_of_host(h)))
+        // Eight processes on this machine's two cores: no spinning.
+        .env("HCOMM_TCP_SPIN_US", "0")
+        .env("HCOMM_SHM_SPIN_US", "0")
+        // A saturated spine delays heartbeats of idle connections behind its queue;
+        // these runs are about bytes and time, not failure detection.
+        .env("HCOMM_PEER_TIMEOUT", "5")
+        .env("HCOMM_TIMEOUT", "300");
+    cmd
+}
+
 fn run(c: &Cluster, mode: Mode, bytes: usize, iters: usize, port: u16) -> Run {
     c.reset_bytes();
     let me = std::env::current_exe().unwrap();
     let children: Vec<Child> = (0..RANKS)
         .map(|r| {
-            let h = host_of(r);
-            let mut cmd = c.command(h, &me);
+            let mut cmd = rank_command(c, r, &me, port);
             cmd.args(["two_rack_rank", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-                .env("HCOMM_RANK", r.to_string())
-                .env("HCOMM_SIZE", RANKS.to_string())
-                .env("HCOMM_ADDR", format!("{}:{port}", netem::host_ip(0)))
-                .env("HCOMM_JOB_ID", format!("two-racks-{port}"))
-                .env("HCOMM_JOB_SECRET", "two racks test")
-                .env("HCOMM_IFNAME", "10.78.0.0/24,^lo")
-                .env("HCOMM_HOST", format!("h{h}"))
-                .env("HCOMM_RACK", format!("rack{}", rack_of_host(h)))
-                // Eight processes on this machine's two cores: no spinning.
-                .env("HCOMM_TCP_SPIN_US", "0")
-                .env("HCOMM_SHM_SPIN_US", "0")
-                // A saturated spine delays heartbeats of idle connections behind its
-                // queue; the test is about bytes, not failure detection.
-                .env("HCOMM_PEER_TIMEOUT", "5")
-                .env("HCOMM_TIMEOUT", "300")
                 .env("TWO_RACK_BYTES", bytes.to_string())
                 .env("TWO_RACK_ITERS", iters.to_string())
                 .stdout(Stdio::piped())
@@ -293,20 +301,8 @@ fn halo_benchmark() {
         c.reset_bytes();
         let children: Vec<Child> = (0..RANKS)
             .map(|r| {
-                let h = host_of(r);
-                let mut cmd = c.command(h, &example);
+                let mut cmd = rank_command(&c, r, &example, port);
                 cmd.args(["--grid", "2x4", "--cells", &cells, "--steps", &steps.to_string(), "--hint", hint])
-                    .env("HCOMM_RANK", r.to_string())
-                    .env("HCOMM_SIZE", RANKS.to_string())
-                    .env("HCOMM_ADDR", format!("{}:{port}", netem::host_ip(0)))
-                    .env("HCOMM_JOB_ID", format!("halo-{port}"))
-                    .env("HCOMM_JOB_SECRET", "halo benchmark")
-                    .env("HCOMM_IFNAME", "10.78.0.0/24,^lo")
-                    .env("HCOMM_HOST", format!("h{h}"))
-                    .env("HCOMM_RACK", format!("rack{}", rack_of_host(h)))
-                    .env("HCOMM_TCP_SPIN_US", "0")
-                    .env("HCOMM_SHM_SPIN_US", "0")
-                    .env("HCOMM_PEER_TIMEOUT", "5")
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());
                 cmd.spawn().unwrap()
