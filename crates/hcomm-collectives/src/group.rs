@@ -99,6 +99,24 @@ impl<T: LocalTransport> Group<T> {
         self.ring = ring.into();
     }
 
+    /// Replaces the topology (same ranks, racks or hosts learnt later) and derives
+    /// the ring, plan and layout again. Every rank must set the same.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a topology of another size.
+    pub fn set_topology(&mut self, topology: Topology) -> Result<()> {
+        if topology.size() != self.size() {
+            return Err(Error::invalid(format!(
+                "topology of {} ranks for a group of {}",
+                topology.size(),
+                self.size()
+            )));
+        }
+        self.topology = topology;
+        self.lay_out();
+        Ok(())
+    }
+
     /// Ring order of the group's ranks.
     pub fn ring(&self) -> &[usize] {
         &self.ring

@@ -397,6 +397,46 @@ impl Grid {
     }
 }
 
+/// Groups hosts into racks from their round-trip times (`rtt[a][b]`, seconds, for
+/// `a != b`; symmetric): hosts closer than a threshold share a rack (single linkage).
+/// The threshold sits in the widest gap (by ratio) between the sorted round trips,
+/// when that gap is at least 2×; otherwise nothing sets racks apart and every host is
+/// in rack 0. Returns each host's rack, racks numbered by their first host. Fewer
+/// than 3 hosts give one rack: two round trips cannot be told apart without a third.
+pub fn racks_from_rtt(rtt: &[Vec<f64>]) -> Vec<usize> {
+    let h = rtt.len();
+    let mut v: Vec<f64> =
+        (0..h).flat_map(|a| (a + 1..h).map(move |b| (a, b))).map(|(a, b)| rtt[a][b]).filter(|x| *x > 0.0).collect();
+    if h < 3 || v.len() < 2 {
+        return vec![0; h];
+    }
+    v.sort_by(f64::total_cmp);
+    let (gap, at) = (0..v.len() - 1).map(|i| (v[i + 1] / v[i], i)).fold((0.0, 0), |b, x| if x.0 > b.0 { x } else { b });
+    if gap < 2.0 {
+        return vec![0; h];
+    }
+    let threshold = (v[at] * v[at + 1]).sqrt();
+    let mut rack = vec![usize::MAX; h];
+    let mut next = 0;
+    for start in 0..h {
+        if rack[start] != usize::MAX {
+            continue;
+        }
+        rack[start] = next;
+        let mut stack = vec![start];
+        while let Some(a) = stack.pop() {
+            for b in 0..h {
+                if rack[b] == usize::MAX && rtt[a][b] > 0.0 && rtt[a][b] < threshold {
+                    rack[b] = next;
+                    stack.push(b);
+                }
+            }
+        }
+        next += 1;
+    }
+    rack
+}
+
 /// The tile of `k` positions whose extents divide `dims` with the least surface.
 fn least_surface_tile(dims: &[usize], k: usize) -> Option<Vec<usize>> {
     fn search(dims: &[usize], k: usize, cur: &mut Vec<usize>, best: &mut Option<(usize, Vec<usize>)>) {
@@ -796,6 +836,53 @@ mod tests {
             let chain = (1..8).filter(|&v| t.level(order[v - 1], order[v]) == Level::Spine).count();
             assert_eq!(chain, 1);
         }
+    }
+
+    #[test]
+    fn racks_from_round_trips() {
+        // Hosts 0 and 2 in one rack, 1 and 3 in the other: 0.1 ms inside, 2 ms across.
+        let rack = [0, 1, 0, 1];
+        let rtt: Vec<Vec<f64>> = (0..4)
+            .map(|a| {
+                (0..4)
+                    .map(|b| {
+                        if a == b {
+                            0.0
+                        } else if rack[a] == rack[b] {
+                            1e-4
+                        } else {
+                            2e-3
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(racks_from_rtt(&rtt), vec![0, 1, 0, 1]);
+        // Jitter within 2x: one rack.
+        let flat: Vec<Vec<f64>> = (0..4)
+            .map(|a| (0..4).map(|b| if a == b { 0.0 } else { 1e-4 * (1.0 + (a + b) as f64 / 10.0) }).collect())
+            .collect();
+        assert_eq!(racks_from_rtt(&flat), vec![0; 4]);
+        // Two hosts: undecidable, one rack.
+        assert_eq!(racks_from_rtt(&[vec![0.0, 5e-3], vec![5e-3, 0.0]]), vec![0, 0]);
+        // Three racks of one host each and one of two.
+        let r3 = [0, 1, 2, 0];
+        let rtt3: Vec<Vec<f64>> = (0..4)
+            .map(|a| {
+                (0..4)
+                    .map(|b| {
+                        if a == b {
+                            0.0
+                        } else if r3[a] == r3[b] {
+                            5e-5
+                        } else {
+                            1e-3
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(racks_from_rtt(&rtt3), vec![0, 1, 2, 0]);
     }
 
     #[test]

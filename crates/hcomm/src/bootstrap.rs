@@ -67,6 +67,9 @@ pub struct Config {
     pub rack: Option<String>,
     /// The racks of the cluster, from the file `HCOMM_TOPOLOGY` names.
     pub topology: Option<TopologyFile>,
+    /// Infer the racks by probing round trips between hosts after connecting
+    /// (`HCOMM_TOPOLOGY=probe`; see `Communicator::probe_racks`).
+    pub probe_racks: bool,
     /// The host this rank reports (`HCOMM_HOST`); `None`: its host identity (hostname
     /// and boot id). Ranks reporting the same host share memory and sit together in
     /// rings; set it to tell apart containers or emulated hosts that share a kernel
@@ -95,6 +98,7 @@ fn place_env() -> Result<(Option<String>, Option<TopologyFile>, Option<String>)>
         Err(_) => Ok(None),
     };
     let file = match std::env::var("HCOMM_TOPOLOGY") {
+        Ok(v) if v.trim() == "probe" => None,
         Ok(v) => Some(TopologyFile::load(std::path::Path::new(&v))?),
         Err(_) => None,
     };
@@ -160,6 +164,7 @@ impl Config {
             auto_spin: true,
             rack: None,
             host: None,
+            probe_racks: false,
             topology: None,
             serve_store: true,
             tuning_from_env: false,
@@ -215,6 +220,7 @@ impl Config {
             hcomm_core::pool::set_limit(b);
         }
         (c.rack, c.topology, c.host) = place_env()?;
+        c.probe_racks = std::env::var("HCOMM_TOPOLOGY").is_ok_and(|v| v.trim() == "probe");
         if let Ok(v) = std::env::var("HCOMM_IFNAME") {
             c.ifname = Some(IfSpec::parse(&v)?);
         }
@@ -243,7 +249,7 @@ impl Config {
         let hosts = hosts_of(&places);
         let links = self.shared_memory(streams, &hosts).await?;
         let t = StreamTransport::tokio_links(self.rank, links, &self.stream_options(&hosts));
-        self.finish(t, &places, keep)
+        self.probed(self.finish(t, &places, keep)?).await
     }
 
     /// Replaces the connections to peers on this host by shared-memory links, where
@@ -299,7 +305,7 @@ impl Config {
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| Error::io("handing a socket to io_uring", e))?;
         let t = StreamTransport::uring_links(self.rank, links, &self.stream_options(&hosts));
-        self.finish(t, &places, keep)
+        self.probed(self.finish(t, &places, keep)?).await
     }
 
     /// `stream`, without the spins if this host is oversubscribed (`auto_spin`).
@@ -324,6 +330,15 @@ impl Config {
         let topo = group.topology();
         tracing::debug!(rank = self.rank, size = self.size, hosts = topo.host_count(), racks = topo.rack_count(), topology = %topo, "connected");
         Ok(Communicator::new(group, Arc::new(keep)))
+    }
+
+    /// Probes the racks when asked to (`HCOMM_TOPOLOGY=probe`).
+    async fn probed(&self, mut comm: Communicator<StreamTransport>) -> Result<Communicator<StreamTransport>> {
+        if self.probe_racks {
+            let racks = comm.probe_racks().await?;
+            tracing::debug!(rank = self.rank, racks, topology = %comm.topology(), "racks probed");
+        }
+        Ok(comm)
     }
 
     async fn store_bind_addr(&self) -> Result<SocketAddr> {

@@ -323,6 +323,63 @@ impl<T: LocalTransport> Communicator<T> {
         Ok(cost)
     }
 
+    /// Infers the racks by probing: the first rank of each host measures the round
+    /// trip of an 8-byte message to the first rank of every other host (median of 7,
+    /// one pair at a time), every rank gets the whole matrix by an allreduce, and
+    /// hosts closer than the widest gap between the round trips share a rack
+    /// (`hcomm_topology::racks_from_rtt`). The racks found (named `probed0`, …) replace
+    /// the ones the ranks reported, and rings, trees and the hierarchical allreduce
+    /// follow them. Returns the number of racks. With fewer than 3 hosts, or round
+    /// trips within 2× of each other, everything is one rack. Run by `connect` under
+    /// `HCOMM_TOPOLOGY=probe`. Every rank must call it, on an idle communicator.
+    ///
+    /// # Errors
+    /// As [`Communicator::send`] and [`Communicator::all_reduce`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the topology unchanged; the communicator may hold
+    /// unmatched probe messages, and its next collective may fail: drop it too.
+    pub async fn probe_racks(&mut self) -> Result<usize> {
+        let topo = self.topology().clone();
+        let (n, h) = (self.size(), topo.host_count());
+        let leader: Vec<usize> =
+            (0..h).map(|k| (0..n).find(|&r| topo.host_of(r) == k).expect("hosts hold ranks")).collect();
+        let me = self.rank();
+        let tag = RESERVED_TAGS + 2;
+        let mut rtt = vec![0.0f64; h * h];
+        for a in 0..h {
+            for b in a + 1..h {
+                if me == leader[a] {
+                    let mut t = Vec::with_capacity(7);
+                    for _ in 0..7 {
+                        let start = std::time::Instant::now();
+                        self.send(leader[b], tag, &[0u64]).await?;
+                        self.recv::<u64>(leader[b], tag).await?;
+                        t.push(start.elapsed().as_secs_f64());
+                    }
+                    t.sort_by(f64::total_cmp);
+                    (rtt[a * h + b], rtt[b * h + a]) = (t[3], t[3]);
+                } else if me == leader[b] {
+                    for _ in 0..7 {
+                        let got = self.recv::<u64>(leader[a], tag).await?;
+                        self.send(leader[a], tag, &got).await?;
+                    }
+                }
+            }
+        }
+        self.all_reduce(&mut rtt, ReduceOp::Max).await?;
+        let matrix: Vec<Vec<f64>> = rtt.chunks(h).map(<[f64]>::to_vec).collect();
+        let rack = hcomm_topology::racks_from_rtt(&matrix);
+        let placements: Vec<hcomm_topology::Placement> = (0..n)
+            .map(|r| hcomm_topology::Placement {
+                rack: Some(format!("probed{}", rack[topo.host_of(r)])),
+                ..topo.placement(r).clone()
+            })
+            .collect();
+        self.group.set_topology(Topology::from_placements(&placements)).map_err(|e| e.at_rank(me))?;
+        Ok(rack.iter().max().map_or(0, |m| m + 1))
+    }
+
     /// Median seconds of one round trip of `bytes` with `peer` (rank 0 starts).
     async fn round_trips(&self, peer: usize, bytes: usize, reps: usize, tag: Tag) -> Result<f64> {
         let data = vec![0u8; bytes];

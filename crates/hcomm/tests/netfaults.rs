@@ -52,6 +52,8 @@ async fn lossy(comm: Communicator) {
         allreduce_checked(&comm, &all, i, count).await.unwrap_or_else(|e| panic!("allreduce {i}: {e}"));
     }
     println!("LOSSY_DONE rank {} 100 allreduces in {:.1} s", comm.rank(), start.elapsed().as_secs_f64());
+    let r = comm.rank();
+    comm.finalize().await.unwrap_or_else(|e| panic!("rank {r}: {e}"));
 }
 
 async fn cut(comm: Communicator, ready: &Path) {

@@ -57,7 +57,13 @@ fn two_rack_rank() {
         let (r, n) = (comm.rank(), comm.size());
         let count = bytes / 4;
         let algo = comm.allreduce_algo_for(bytes, true);
-        println!("RANK {r} algo {} stages {} ring {:?}", algo.name(), comm.hierarchical_stages(), comm.ring_order());
+        println!(
+            "RANK {r} algo {} stages {} ring {:?} racks {}",
+            algo.name(),
+            comm.hierarchical_stages(),
+            comm.ring_order(),
+            comm.topology().rack_count()
+        );
         for i in 0..=iters {
             let mut v: Vec<f32> = (0..count).map(|k| value(r, i, k)).collect();
             comm.barrier().await.unwrap();
@@ -72,6 +78,9 @@ fn two_rack_rank() {
                 println!("TIME {r} {i} {secs:.6}");
             }
         }
+        // Without it, a rank done first could reset connections that still carry the
+        // others' last bytes across the slow spine.
+        comm.finalize().await.unwrap_or_else(|e| panic!("rank {r}: {e}"));
     });
 }
 
@@ -86,6 +95,9 @@ enum Mode {
     Hier,
     /// Whatever the selection picks, told the spine's and hosts' link costs.
     Auto,
+    /// The ring in topology order, the racks not given but probed
+    /// (`HCOMM_TOPOLOGY=probe`).
+    Probe,
 }
 
 impl Mode {
@@ -101,6 +113,7 @@ impl Mode {
                 ("HCOMM_COST_GBPS", "0.4".into()),
                 ("HCOMM_COST_HOST_GBPS", "2".into()),
             ],
+            Mode::Probe => vec![algo("ring"), ("HCOMM_TOPOLOGY", "probe".into())],
         }
     }
 }
@@ -112,6 +125,8 @@ struct Run {
     secs: f64,
     /// The algorithm rank 0 ran.
     algo: String,
+    /// The racks rank 0 saw.
+    racks: usize,
 }
 
 /// A command that runs `program` as rank `r` of a job on the cluster, its rendezvous
@@ -152,6 +167,9 @@ fn run(c: &Cluster, mode: Mode, bytes: usize, iters: usize, port: u16) -> Run {
             for (k, v) in mode.env() {
                 cmd.env(k, v);
             }
+            if mode == Mode::Probe {
+                cmd.env_remove("HCOMM_RACK");
+            }
             cmd.spawn().unwrap()
         })
         .collect();
@@ -180,6 +198,10 @@ fn run(c: &Cluster, mode: Mode, bytes: usize, iters: usize, port: u16) -> Run {
         .lines()
         .find_map(|l| l.split_once(" algo ").map(|(_, rest)| rest.split_whitespace().next().unwrap().to_owned()))
         .unwrap();
+    let seen = outs[0]
+        .lines()
+        .find_map(|l| l.split_once(" racks ").map(|(_, rest)| rest.split_whitespace().next().unwrap().parse().unwrap()))
+        .unwrap_or_else(|| panic!("no racks line in rank 0's output:\n{}", outs[0]));
     let racks: Vec<usize> = (0..HOSTS).map(rack_of_host).collect();
     let mut spine = 0;
     for a in 0..HOSTS {
@@ -189,7 +211,7 @@ fn run(c: &Cluster, mode: Mode, bytes: usize, iters: usize, port: u16) -> Run {
             }
         }
     }
-    Run { spine, secs: worst, algo }
+    Run { spine, secs: worst, algo, racks: seen }
 }
 
 fn cluster() -> Option<Cluster> {
@@ -232,7 +254,7 @@ fn report(label: &str, bytes: usize, runs: &[(Mode, Run)]) {
 fn topology_aware_allreduce_crosses_the_spine_less() {
     let Some(c) = cluster() else { return };
     let (bytes, iters) = (4 << 20, 2);
-    let runs: Vec<(Mode, Run)> = [Mode::Flat, Mode::Ring, Mode::Hier, Mode::Auto]
+    let runs: Vec<(Mode, Run)> = [Mode::Flat, Mode::Ring, Mode::Hier, Mode::Auto, Mode::Probe]
         .into_iter()
         .enumerate()
         .map(|(i, m)| (m, run(&c, m, bytes, iters, 29600 + i as u16)))
@@ -249,6 +271,9 @@ fn topology_aware_allreduce_crosses_the_spine_less() {
     }
     assert_eq!(runs[0].1.algo, AllreduceAlgo::Ring.name());
     assert_eq!(runs[3].1.algo, AllreduceAlgo::Hierarchical.name(), "told the spine is slow, the selection");
+    // Probing finds the two racks (1 ms each way across the spine, nothing inside).
+    assert_eq!(runs[4].1.racks, 2, "probed racks");
+    assert_eq!(runs[0].1.racks, 2, "racks given");
 }
 
 /// Times 16 MiB allreduces in every mode, three runs each (by hand:
