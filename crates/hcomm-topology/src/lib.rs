@@ -398,24 +398,22 @@ impl Grid {
 }
 
 /// Groups hosts into racks from their round-trip times (`rtt[a][b]`, seconds, for
-/// `a != b`; symmetric): hosts closer than a threshold share a rack (single linkage).
-/// The threshold sits in the widest gap (by ratio) between the sorted round trips,
-/// when that gap is at least 2×; otherwise nothing sets racks apart and every host is
-/// in rack 0. Returns each host's rack, racks numbered by their first host. Fewer
-/// than 3 hosts give one rack: two round trips cannot be told apart without a third.
+/// `a != b`; symmetric): hosts whose round trip is under half the largest share a
+/// rack (single linkage), the largest being a trip across the slowest level. When
+/// the largest round trip is not at least twice the smallest, nothing sets racks
+/// apart and every host is in rack 0. Noise only lengthens round trips, so the
+/// minimum of several is the one to pass. Returns each host's rack, racks numbered
+/// by their first host. Fewer than 3 hosts give one rack: two round trips cannot be
+/// told apart without a third.
 pub fn racks_from_rtt(rtt: &[Vec<f64>]) -> Vec<usize> {
     let h = rtt.len();
-    let mut v: Vec<f64> =
+    let v: Vec<f64> =
         (0..h).flat_map(|a| (a + 1..h).map(move |b| (a, b))).map(|(a, b)| rtt[a][b]).filter(|x| *x > 0.0).collect();
-    if h < 3 || v.len() < 2 {
+    let (lo, hi) = v.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    if h < 3 || v.len() < 2 || hi < 2.0 * lo {
         return vec![0; h];
     }
-    v.sort_by(f64::total_cmp);
-    let (gap, at) = (0..v.len() - 1).map(|i| (v[i + 1] / v[i], i)).fold((0.0, 0), |b, x| if x.0 > b.0 { x } else { b });
-    if gap < 2.0 {
-        return vec![0; h];
-    }
-    let threshold = (v[at] * v[at + 1]).sqrt();
+    let threshold = hi / 2.0;
     let mut rack = vec![usize::MAX; h];
     let mut next = 0;
     for start in 0..h {
@@ -865,6 +863,20 @@ mod tests {
         assert_eq!(racks_from_rtt(&flat), vec![0; 4]);
         // Two hosts: undecidable, one rack.
         assert_eq!(racks_from_rtt(&[vec![0.0, 5e-3], vec![5e-3, 0.0]]), vec![0, 0]);
+        // Noisy trips inside the racks (one 6x the other) still fall under half the
+        // trips across.
+        let noisy: Vec<Vec<f64>> = (0..4)
+            .map(|a| {
+                (0..4)
+                    .map(|b| match (a == b, rack[a] == rack[b]) {
+                        (true, _) => 0.0,
+                        (false, true) => 1e-4 * (1 + 5 * (a % 2)) as f64,
+                        (false, false) => 2e-3 + 1e-4 * (a + b) as f64,
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(racks_from_rtt(&noisy), vec![0, 1, 0, 1]);
         // Three racks of one host each and one of two.
         let r3 = [0, 1, 2, 0];
         let rtt3: Vec<Vec<f64>> = (0..4)
