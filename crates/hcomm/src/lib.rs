@@ -27,7 +27,9 @@
 //!         let v: Vec<f32> = comm.recv(0, 7).await?;
 //!         assert_eq!(v, [1.5, 2.5]);
 //!     }
-//!     comm.barrier().await
+//!     comm.barrier().await?;
+//!     // As MPI_Finalize: nothing still in flight is lost when the process exits.
+//!     comm.finalize().await
 //! }
 //! ```
 //!
