@@ -838,62 +838,28 @@ mod tests {
 
     #[test]
     fn racks_from_round_trips() {
+        // A 4-host matrix from the round trip between two distinct hosts.
+        let matrix = |f: &dyn Fn(usize, usize) -> f64| -> Vec<Vec<f64>> {
+            (0..4).map(|a| (0..4).map(|b| if a == b { 0.0 } else { f(a, b) }).collect()).collect()
+        };
         // Hosts 0 and 2 in one rack, 1 and 3 in the other: 0.1 ms inside, 2 ms across.
         let rack = [0, 1, 0, 1];
-        let rtt: Vec<Vec<f64>> = (0..4)
-            .map(|a| {
-                (0..4)
-                    .map(|b| {
-                        if a == b {
-                            0.0
-                        } else if rack[a] == rack[b] {
-                            1e-4
-                        } else {
-                            2e-3
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+        let rtt = matrix(&|a, b| if rack[a] == rack[b] { 1e-4 } else { 2e-3 });
         assert_eq!(racks_from_rtt(&rtt), vec![0, 1, 0, 1]);
         // Jitter within 2x: one rack.
-        let flat: Vec<Vec<f64>> = (0..4)
-            .map(|a| (0..4).map(|b| if a == b { 0.0 } else { 1e-4 * (1.0 + (a + b) as f64 / 10.0) }).collect())
-            .collect();
+        let flat = matrix(&|a, b| 1e-4 * (1.0 + (a + b) as f64 / 10.0));
         assert_eq!(racks_from_rtt(&flat), vec![0; 4]);
         // Two hosts: undecidable, one rack.
         assert_eq!(racks_from_rtt(&[vec![0.0, 5e-3], vec![5e-3, 0.0]]), vec![0, 0]);
         // Noisy trips inside the racks (one 6x the other) still fall under half the
         // trips across.
-        let noisy: Vec<Vec<f64>> = (0..4)
-            .map(|a| {
-                (0..4)
-                    .map(|b| match (a == b, rack[a] == rack[b]) {
-                        (true, _) => 0.0,
-                        (false, true) => 1e-4 * (1 + 5 * (a % 2)) as f64,
-                        (false, false) => 2e-3 + 1e-4 * (a + b) as f64,
-                    })
-                    .collect()
-            })
-            .collect();
+        let noisy = matrix(&|a, b| {
+            if rack[a] == rack[b] { 1e-4 * (1 + 5 * (a % 2)) as f64 } else { 2e-3 + 1e-4 * (a + b) as f64 }
+        });
         assert_eq!(racks_from_rtt(&noisy), vec![0, 1, 0, 1]);
         // Three racks of one host each and one of two.
         let r3 = [0, 1, 2, 0];
-        let rtt3: Vec<Vec<f64>> = (0..4)
-            .map(|a| {
-                (0..4)
-                    .map(|b| {
-                        if a == b {
-                            0.0
-                        } else if r3[a] == r3[b] {
-                            5e-5
-                        } else {
-                            1e-3
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+        let rtt3 = matrix(&|a, b| if r3[a] == r3[b] { 5e-5 } else { 1e-3 });
         assert_eq!(racks_from_rtt(&rtt3), vec![0, 1, 2, 0]);
     }
 
