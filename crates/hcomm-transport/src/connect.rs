@@ -14,19 +14,20 @@
 //! accepting the connections it expects.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use hcomm_core::auth::{JobKey, PROOF_LEN};
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout, timeout_at};
 
 const HELLO_MAGIC: [u8; 4] = *b"HCMH";
-/// Version of the handshake (2: with proofs of the job key).
-const HELLO_VERSION: u8 = 2;
+/// Version of the handshake (2: with proofs of the job key; 3: with the link index
+/// and count, for several connections per peer).
+const HELLO_VERSION: u8 = 3;
 const HELLO_LEN: usize = 32;
 const KIND_HELLO: u8 = 1;
 const KIND_ACK: u8 = 2;
@@ -62,6 +63,9 @@ struct Hello {
     src: u32,
     dst: u32,
     size: u32,
+    /// Which of the `links` connections between the two ranks this is.
+    link: u8,
+    links: u8,
 }
 
 impl Hello {
@@ -70,6 +74,8 @@ impl Hello {
         b[0..4].copy_from_slice(&HELLO_MAGIC);
         b[4] = HELLO_VERSION;
         b[5] = self.kind;
+        b[6] = self.link;
+        b[7] = self.links;
         b[8..16].copy_from_slice(&self.job.to_le_bytes());
         b[16..20].copy_from_slice(&self.src.to_le_bytes());
         b[20..24].copy_from_slice(&self.dst.to_le_bytes());
@@ -87,7 +93,15 @@ impl Hello {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut job = [0u8; 8];
         job.copy_from_slice(&b[8..16]);
-        Ok(Hello { kind: b[5], job: u64::from_le_bytes(job), src: u32_at(16), dst: u32_at(20), size: u32_at(24) })
+        Ok(Hello {
+            kind: b[5],
+            job: u64::from_le_bytes(job),
+            src: u32_at(16),
+            dst: u32_at(20),
+            size: u32_at(24),
+            link: b[6],
+            links: b[7],
+        })
     }
 }
 
@@ -100,6 +114,23 @@ fn tune(stream: &TcpStream) {
     let _ = stream.set_nodelay(true);
 }
 
+/// Which connection between two ranks, and from where it is made.
+#[derive(Debug, Clone, Copy)]
+struct LinkId {
+    link: u8,
+    links: u8,
+    /// The local address to connect from (its interface carries the connection).
+    from: Option<IpAddr>,
+}
+
+/// Connects from `local` (any port), or from wherever the route says.
+async fn connect_from(addr: SocketAddr, local: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let Some(ip) = local.filter(|ip| !ip.is_unspecified()) else { return TcpStream::connect(addr).await };
+    let sock = if ip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    sock.bind(SocketAddr::new(ip, 0))?;
+    sock.connect(addr).await
+}
+
 /// Connects to `peer` at `addr`, retrying until `deadline`, and completes the
 /// handshake.
 async fn dial(
@@ -107,17 +138,25 @@ async fn dial(
     size: usize,
     peer: Rank,
     addr: SocketAddr,
+    id: LinkId,
     opts: &MeshOptions,
     deadline: Instant,
 ) -> Result<TcpStream> {
     let mut delay = Duration::from_millis(5);
     loop {
         let attempt = async {
-            let mut s = TcpStream::connect(addr).await?;
+            let mut s = connect_from(addr, id.from).await?;
             tune(&s);
-            let hello =
-                Hello { kind: KIND_HELLO, job: opts.job, src: rank as u32, dst: peer as u32, size: size as u32 }
-                    .encode();
+            let hello = Hello {
+                kind: KIND_HELLO,
+                job: opts.job,
+                src: rank as u32,
+                dst: peer as u32,
+                size: size as u32,
+                link: id.link,
+                links: id.links,
+            }
+            .encode();
             let mine = JobKey::nonce();
             s.write_all(&[&hello[..], &mine[..]].concat()).await?;
             let mut b = [0u8; HELLO_LEN + 2 * PROOF_LEN];
@@ -127,7 +166,11 @@ async fn dial(
             let (ack, rest) = b.split_at(HELLO_LEN);
             let (theirs, proof) = rest.split_at(PROOF_LEN);
             let ack_fields = Hello::decode(ack.try_into().expect("HELLO_LEN bytes")).map_err(std::io::Error::other)?;
-            if ack_fields.kind != KIND_ACK || ack_fields.src != peer as u32 || ack_fields.job != opts.job {
+            if ack_fields.kind != KIND_ACK
+                || ack_fields.src != peer as u32
+                || ack_fields.job != opts.job
+                || ack_fields.link != id.link
+            {
                 return Err(std::io::Error::other(format!("unexpected handshake reply {ack_fields:?}")));
             }
             let parts: [&[u8]; 4] = [&hello, &mine, ack, theirs];
@@ -156,13 +199,15 @@ async fn dial(
     }
 }
 
-/// Reads and checks the handshake of an accepted connection; answers it.
+/// Reads and checks the handshake of an accepted connection; answers it. Returns the
+/// peer and which of the `links` connections this is.
 async fn greet(
     rank: Rank,
     size: usize,
+    links: usize,
     mut s: TcpStream,
     opts: &MeshOptions,
-) -> std::result::Result<(Rank, TcpStream), String> {
+) -> std::result::Result<(Rank, usize, TcpStream), String> {
     let until = Instant::now() + opts.handshake_timeout;
     let mut b = [0u8; HELLO_LEN + PROOF_LEN];
     match timeout_at(until, s.read_exact(&mut b)).await {
@@ -185,8 +230,23 @@ async fn greet(
     if src <= rank || src >= size {
         return Err(format!("handshake from rank {src}, which should not connect to rank {rank}"));
     }
+    if usize::from(h.links) != links || h.link >= h.links {
+        return Err(format!(
+            "rank {src} opens {} connections per peer (this is link {}), this rank {links}: HCOMM_LINKS differs",
+            h.links, h.link
+        ));
+    }
     tune(&s);
-    let ack = Hello { kind: KIND_ACK, job: opts.job, src: rank as u32, dst: h.src, size: size as u32 }.encode();
+    let ack = Hello {
+        kind: KIND_ACK,
+        job: opts.job,
+        src: rank as u32,
+        dst: h.src,
+        size: size as u32,
+        link: h.link,
+        links: h.links,
+    }
+    .encode();
     let mine = JobKey::nonce();
     let parts: [&[u8]; 4] = [hello, theirs, &ack, &mine];
     let proof = opts.key.prove(b"hcomm mesh accept", &parts);
@@ -202,7 +262,7 @@ async fn greet(
     if !opts.key.verify(b"hcomm mesh dial", &parts, &dial_proof) {
         return Err(format!("rank {src}'s connection could not prove the job key (HCOMM_JOB_SECRET differs)"));
     }
-    Ok((src, s))
+    Ok((src, usize::from(h.link), s))
 }
 
 /// Builds the full mesh: this rank dials every lower rank and accepts every higher
@@ -221,31 +281,77 @@ pub async fn connect_mesh(
     addrs: &[SocketAddr],
     opts: &MeshOptions,
 ) -> Result<Vec<Option<TcpStream>>> {
+    let addrs: Vec<Vec<SocketAddr>> = addrs.iter().map(|a| vec![*a]).collect();
+    let mesh = connect_mesh_links(rank, size, vec![listener], &addrs, 1, opts).await?;
+    Ok(mesh.into_iter().map(|l| l.and_then(|mut v| v.pop())).collect())
+}
+
+/// As [`connect_mesh`], with `links` connections to every peer (`HCOMM_LINKS`), over
+/// several paths: `listeners[p]` is this rank's listener on path `p` and `addrs[r][p]`
+/// rank `r`'s; connection `i` to a peer goes from this rank's address on path
+/// `i % paths` to the peer's on the same path. Returns the connections to each peer
+/// in link order.
+///
+/// # Errors
+/// As [`connect_mesh`]; also a bootstrap error when a rank publishes another number of
+/// paths than this one. A peer that opens another number of links is refused (and
+/// logged) until the deadline.
+///
+/// # Cancel safety
+/// Dropping the future closes every connection made so far.
+pub async fn connect_mesh_links(
+    rank: Rank,
+    size: usize,
+    listeners: Vec<TcpListener>,
+    addrs: &[Vec<SocketAddr>],
+    links: usize,
+    opts: &MeshOptions,
+) -> Result<Vec<Option<Vec<TcpStream>>>> {
     if addrs.len() != size || rank >= size {
         return Err(boot_err(rank, format!("address table has {} entries for {size} ranks", addrs.len())));
     }
+    let paths = listeners.len();
+    if paths == 0 || !(1..=usize::from(u8::MAX)).contains(&links) {
+        return Err(boot_err(rank, format!("{paths} listeners and {links} links per peer")));
+    }
+    if let Some((r, a)) = addrs.iter().enumerate().find(|(_, a)| a.len() != paths) {
+        return Err(boot_err(
+            rank,
+            format!("rank {r} listens on {} paths, this rank on {paths}: HCOMM_LINKS differs", a.len()),
+        ));
+    }
+    let local: Vec<Option<IpAddr>> = listeners.iter().map(|l| l.local_addr().ok().map(|a| a.ip())).collect();
     let deadline = Instant::now() + opts.timeout;
-    let dials = futures::future::try_join_all(
-        (0..rank)
-            .map(|peer| async move { dial(rank, size, peer, addrs[peer], opts, deadline).await.map(|s| (peer, s)) }),
-    );
+    let dials = futures::future::try_join_all((0..rank).flat_map(|peer| (0..links).map(move |i| (peer, i))).map(
+        |(peer, i)| {
+            let id = LinkId { link: i as u8, links: links as u8, from: local[i % paths] };
+            async move { dial(rank, size, peer, addrs[peer][i % paths], id, opts, deadline).await.map(|s| (peer, i, s)) }
+        },
+    ));
     let accepts = async {
-        let mut missing: BTreeSet<Rank> = (rank + 1..size).collect();
+        let mut missing: BTreeSet<(Rank, usize)> =
+            (rank + 1..size).flat_map(|r| (0..links).map(move |i| (r, i))).collect();
         let mut got = Vec::new();
         let mut greeting = FuturesUnordered::new();
+        let mut incoming = futures::stream::select_all(
+            listeners
+                .iter()
+                .map(|l| Box::pin(futures::stream::unfold(l, |l| async move { Some((l.accept().await, l)) }))),
+        );
         while !missing.is_empty() {
             tokio::select! {
-                acc = listener.accept() => match acc {
-                    Ok((s, from)) => greeting.push(async move { (from, greet(rank, size, s, opts).await) }),
+                Some(acc) = incoming.next() => match acc {
+                    Ok((s, from)) => greeting.push(async move { (from, greet(rank, size, links, s, opts).await) }),
                     Err(e) => tracing::warn!(rank, error = %e, "accept failed"),
                 },
                 Some((from, res)) = greeting.next(), if !greeting.is_empty() => match res {
-                    Ok((src, s)) if missing.remove(&src) => got.push((src, s)),
-                    Ok((src, _)) => tracing::warn!(rank, %from, src, "refused a second connection from the same rank"),
+                    Ok((src, i, s)) if missing.remove(&(src, i)) => got.push((src, i, s)),
+                    Ok((src, i, _)) => tracing::warn!(rank, %from, src, link = i, "refused a second connection from the same rank"),
                     Err(why) => tracing::warn!(rank, %from, "refused a connection: {why}"),
                 },
                 _ = tokio::time::sleep_until(deadline) => {
-                    let list: Vec<String> = missing.iter().map(|r| r.to_string()).collect();
+                    let ranks: BTreeSet<Rank> = missing.iter().map(|&(r, _)| r).collect();
+                    let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
                     return Err(boot_err(rank, format!("ranks {} never connected within {:?}", list.join(", "), opts.timeout)));
                 }
             }
@@ -253,11 +359,11 @@ pub async fn connect_mesh(
         Ok(got)
     };
     let (dialed, accepted) = futures::try_join!(dials, accepts)?;
-    let mut out: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
-    for (peer, s) in dialed.into_iter().chain(accepted) {
-        out[peer] = Some(s);
+    let mut out: Vec<Option<Vec<Option<TcpStream>>>> = (0..size).map(|_| None).collect();
+    for (peer, i, s) in dialed.into_iter().chain(accepted) {
+        out[peer].get_or_insert_with(|| (0..links).map(|_| None).collect())[i] = Some(s);
     }
-    Ok(out)
+    Ok(out.into_iter().map(|l| l.map(|v| v.into_iter().map(|s| s.expect("every link connected")).collect())).collect())
 }
 
 #[cfg(test)]
@@ -266,7 +372,7 @@ mod tests {
 
     #[test]
     fn hello_round_trip() {
-        let h = Hello { kind: KIND_HELLO, job: 0xfeed, src: 3, dst: 1, size: 4 };
+        let h = Hello { kind: KIND_HELLO, job: 0xfeed, src: 3, dst: 1, size: 4, link: 1, links: 2 };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
         let mut b = h.encode();
         b[0] = 0;

@@ -9,13 +9,15 @@
 //! - [`connect_mesh`]: the authenticated-by-job handshake and full-mesh connection
 //!   setup that the TCP transports start from.
 
+pub mod bundle;
 mod connect;
 mod framing;
 mod mem;
 pub mod shm;
 mod stream;
 
-pub use connect::{MeshOptions, connect_mesh};
+pub use bundle::BundleStats;
+pub use connect::{MeshOptions, connect_mesh, connect_mesh_links};
 pub use mem::MemTransport;
 pub use shm::{ShmOptions, ShmPair};
 pub use stream::{PeerLink, StreamOptions, StreamTransport};

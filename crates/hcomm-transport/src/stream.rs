@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
+use crate::bundle::{self, Bundle, BundleStats, BundleWriter};
 use crate::framing::{Assembler, Outgoing, WriteQueue};
 use crate::shm::{ShmOptions, ShmPair};
 
@@ -60,16 +61,27 @@ pub struct StreamOptions {
     /// at once. Zero waits at once (no polling at all when idle). MPI libraries poll
     /// for the same reason. Not used by the io_uring backend.
     pub tcp_spin: Duration,
+    /// With several connections per peer ([`PeerLink::Bundle`]): the least time the
+    /// acknowledgements of outstanding data may stall before the link holding the
+    /// oldest missing segment is suspected and its segments move to the other links
+    /// (the limit also grows with the measured round trip; see [`crate::bundle`]).
+    pub link_stall: Duration,
 }
+
+/// Default of [`StreamOptions::link_stall`] (`HCOMM_LINK_STALL_US`).
+pub const DEFAULT_LINK_STALL: Duration = Duration::from_millis(40);
 
 /// Default of [`StreamOptions::tcp_spin`] (`HCOMM_TCP_SPIN_US`).
 pub const DEFAULT_TCP_SPIN: Duration = Duration::from_micros(100);
 
 /// How a transport reaches one peer: a TCP connection (`S`: a tokio or a std socket,
-/// as the backend takes), or shared-memory rings with the connection as doorbell.
+/// as the backend takes), several TCP connections used as one stream with striping and
+/// failover ([`crate::bundle`], `HCOMM_LINKS`), or shared-memory rings with the
+/// connection as doorbell.
 #[derive(Debug)]
 pub enum PeerLink<S> {
     Tcp(S),
+    Bundle(Vec<S>),
     Shm(ShmPair, tokio::net::TcpStream),
 }
 
@@ -83,6 +95,7 @@ impl Default for StreamOptions {
             peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
             shm: ShmOptions::default(),
             tcp_spin: DEFAULT_TCP_SPIN,
+            link_stall: DEFAULT_LINK_STALL,
         }
     }
 }
@@ -93,20 +106,29 @@ fn name_of<S>(links: &[Option<PeerLink<S>>], backend: &'static str) -> &'static 
     if peers.peek().is_some() && peers.all(|l| matches!(l, PeerLink::Shm(..))) { "shm" } else { backend }
 }
 
+/// The tasks that serve one peer: those that read (stopped at once when the transport
+/// closes) and the others (writers, which end after the close frame).
+#[derive(Debug, Default, Clone)]
+struct PeerTasks {
+    readers: Vec<AbortHandle>,
+    others: Vec<AbortHandle>,
+}
+
 /// When each peer was last heard from, and the tasks that serve it.
 #[derive(Debug)]
-struct Links {
-    mailbox: Arc<Mailbox>,
+pub(crate) struct Links {
+    pub(crate) mailbox: Arc<Mailbox>,
     epoch: std::time::Instant,
     /// Milliseconds since `epoch` of the last bytes read from each peer.
     heard: Vec<AtomicU64>,
-    /// Reader and writer task of each peer.
-    tasks: Mutex<Vec<Vec<AbortHandle>>>,
+    tasks: Mutex<Vec<PeerTasks>>,
     closed: AtomicBool,
+    /// The readers were stopped (the transport closed): nothing more is received.
+    pub(crate) readers_stopped: AtomicBool,
     /// Per peer: its reader has stopped (its close frame came, or the connection
     /// ended) and its writer has stopped (our close frame is written, or the
     /// connection failed). An orderly shutdown waits for both.
-    reader_done: Vec<AtomicBool>,
+    pub(crate) reader_done: Vec<AtomicBool>,
     writer_done: Vec<AtomicBool>,
     /// Woken whenever a reader or writer stops.
     stopped: tokio::sync::Notify,
@@ -117,11 +139,11 @@ impl Links {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    fn heard_from(&self, peer: Rank) {
+    pub(crate) fn heard_from(&self, peer: Rank) {
         self.heard[peer].store(self.now_ms(), Ordering::Relaxed);
     }
 
-    fn mark(&self, flags: &[AtomicBool], peer: Rank) {
+    pub(crate) fn mark(&self, flags: &[AtomicBool], peer: Rank) {
         flags[peer].store(true, Ordering::Release);
         self.stopped.notify_waiters();
     }
@@ -136,7 +158,8 @@ impl Links {
     /// Stops serving `peer` (its sockets close when both tasks are gone); an orderly
     /// shutdown no longer waits for it.
     fn drop_peer(&self, peer: Rank) {
-        for h in self.tasks.lock()[peer].drain(..) {
+        let tasks = std::mem::take(&mut self.tasks.lock()[peer]);
+        for h in tasks.readers.iter().chain(&tasks.others) {
             h.abort();
         }
         self.reader_done[peer].store(true, Ordering::Release);
@@ -219,6 +242,8 @@ pub struct StreamTransport {
     mailbox: Arc<Mailbox>,
     links: Vec<Option<mpsc::UnboundedSender<Outgoing>>>,
     shared: Arc<Links>,
+    /// The peers reached over several connections.
+    bundles: Vec<Option<Arc<Bundle>>>,
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -298,13 +323,14 @@ impl StreamTransport {
             mailbox: mailbox.clone(),
             epoch: std::time::Instant::now(),
             heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
-            tasks: Mutex::new(vec![Vec::new(); size]),
+            tasks: Mutex::new(vec![PeerTasks::default(); size]),
             closed: AtomicBool::new(false),
+            readers_stopped: AtomicBool::new(false),
             reader_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             writer_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             stopped: tokio::sync::Notify::new(),
         });
-        let t = StreamTransport { rank, size, name, mailbox, links, shared };
+        let t = StreamTransport { rank, size, name, mailbox, links, shared, bundles: vec![None; size] };
         (t, rxs)
     }
 
@@ -323,7 +349,7 @@ impl StreamTransport {
         links: Vec<Option<PeerLink<tokio::net::TcpStream>>>,
         opts: &StreamOptions,
     ) -> StreamTransport {
-        let (t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
+        let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
@@ -333,14 +359,30 @@ impl StreamTransport {
                     let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin };
                     let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
-                    vec![r.abort_handle(), w.abort_handle()]
+                    PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
+                }
+                PeerLink::Bundle(streams) => {
+                    let b = t.bundle(peer, &streams, opts);
+                    let mut tasks = PeerTasks::default();
+                    for (i, s) in streams.into_iter().enumerate() {
+                        let (rd, wr) = s.into_split();
+                        let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin };
+                        tasks.readers.push(tokio::spawn(bundle::link_reader(b.clone(), i, rd)).abort_handle());
+                        let w = tokio::spawn(bundle::link_writer(b.clone(), i, wr)).abort_handle();
+                        b.add_writer(w.clone());
+                        tasks.others.push(w);
+                    }
+                    tasks.readers.push(tokio::spawn(bundle::monitor(b.clone())).abort_handle());
+                    let wl = write_loop(BundleWriter(b), rx, peer, t.shared.clone(), opts.fragment, heartbeat);
+                    tasks.others.push(tokio::spawn(wl).abort_handle());
+                    tasks
                 }
                 PeerLink::Shm(pair, s) => {
                     let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
                     let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     let b = tokio::spawn(bell);
-                    vec![r.abort_handle(), w.abort_handle(), b.abort_handle()]
+                    PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle(), b.abort_handle()] }
                 }
             };
             t.shared.tasks.lock()[peer] = tasks;
@@ -367,7 +409,7 @@ impl StreamTransport {
         links: Vec<Option<PeerLink<std::net::TcpStream>>>,
         opts: &StreamOptions,
     ) -> StreamTransport {
-        let (t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "uring"));
+        let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "uring"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
@@ -383,14 +425,30 @@ impl StreamTransport {
                         opts.fragment,
                         heartbeat,
                     ));
-                    vec![r.abort_handle(), w.abort_handle()]
+                    PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
+                }
+                PeerLink::Bundle(streams) => {
+                    let b = t.bundle(peer, &streams, opts);
+                    let mut tasks = PeerTasks::default();
+                    for (i, s) in streams.into_iter().enumerate() {
+                        let s = std::rc::Rc::new(tokio_uring::net::TcpStream::from_std(s));
+                        let r = tokio_uring::spawn(bundle::link_reader(b.clone(), i, uring_io::UringLink(s.clone())));
+                        tasks.readers.push(r.abort_handle());
+                        let w = tokio_uring::spawn(bundle::link_writer(b.clone(), i, uring_io::UringLink(s)));
+                        b.add_writer(w.abort_handle());
+                        tasks.others.push(w.abort_handle());
+                    }
+                    tasks.readers.push(tokio_uring::spawn(bundle::monitor(b.clone())).abort_handle());
+                    let wl = write_loop(BundleWriter(b), rx, peer, t.shared.clone(), opts.fragment, heartbeat);
+                    tasks.others.push(tokio_uring::spawn(wl).abort_handle());
+                    tasks
                 }
                 PeerLink::Shm(pair, s) => {
                     let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
                     let r = tokio_uring::spawn(read_loop(rd, peer, t.shared.clone()));
                     let w = tokio_uring::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     let b = tokio_uring::spawn(bell);
-                    vec![r.abort_handle(), w.abort_handle(), b.abort_handle()]
+                    PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle(), b.abort_handle()] }
                 }
             };
             t.shared.tasks.lock()[peer] = tasks;
@@ -517,6 +575,37 @@ impl Transport for StreamTransport {
 }
 
 impl StreamTransport {
+    /// The bundle of `streams` to `peer`, registered for [`StreamTransport::link_stats`].
+    fn bundle<S: std::os::fd::AsFd>(&mut self, peer: Rank, streams: &[S], opts: &StreamOptions) -> Arc<Bundle> {
+        // Duplicates of the sockets, for `break_link` only; without them (out of
+        // descriptors) that test hook reports an error and nothing else changes.
+        let fds = streams.iter().map(|s| s.as_fd().try_clone_to_owned()).collect::<std::io::Result<Vec<_>>>();
+        let b =
+            Arc::new(Bundle::new(peer, streams.len(), self.shared.clone(), opts.link_stall, fds.unwrap_or_default()));
+        self.bundles[peer] = Some(b.clone());
+        b
+    }
+
+    /// What the bundle of connections to `peer` has seen (failovers, resent bytes,
+    /// longest stall), if this transport reaches it over several connections
+    /// (`HCOMM_LINKS`).
+    pub fn link_stats(&self, peer: Rank) -> Option<BundleStats> {
+        self.bundles.get(peer)?.as_ref().map(|b| b.stats())
+    }
+
+    /// Breaks connection `link` of the bundle to `peer` (both directions), as a failed
+    /// cable would; for failover tests.
+    ///
+    /// # Errors
+    /// The peer has no such connection, or the socket refused.
+    #[doc(hidden)]
+    pub fn break_link(&self, peer: Rank, link: usize) -> std::io::Result<()> {
+        match self.bundles.get(peer) {
+            Some(Some(b)) => b.break_link(link),
+            _ => Err(std::io::Error::other(format!("rank {peer} is not reached over several connections"))),
+        }
+    }
+
     /// Queues a close frame to every peer, once; `true` the first time.
     fn post_closes(&self) -> bool {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
@@ -531,11 +620,11 @@ impl StreamTransport {
     /// Readers stop now; writers once they have written the close frame. Pending and
     /// later receives fail with a closed error.
     fn stop_readers(&self) {
+        self.shared.readers_stopped.store(true, Ordering::Release);
         for tasks in self.shared.tasks.lock().iter_mut() {
-            if let Some(r) = tasks.first() {
+            for r in tasks.readers.drain(..) {
                 r.abort();
             }
-            tasks.clear();
         }
         self.mailbox.close(Error::new(ErrorKind::Closed, "communicator closed").at_rank(self.rank));
     }

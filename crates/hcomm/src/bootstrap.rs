@@ -8,7 +8,7 @@ use hcomm_collectives::{Group, Tuning};
 use hcomm_core::JobKey;
 use hcomm_core::{Error, ErrorKind, LocalTransport, OpKind, Result};
 use hcomm_topology::{Placement, Topology, TopologyFile, host_identity, numa_node};
-use hcomm_transport::{MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh, shm};
+use hcomm_transport::{MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh_links, shm};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -56,6 +56,14 @@ pub struct Config {
     /// Which interface the mesh listener uses (`HCOMM_IFNAME`, see
     /// [`crate::ifname`]); `None`: the one through which this rank reaches the store.
     pub ifname: Option<IfSpec>,
+    /// Connections per peer over TCP (`HCOMM_LINKS`, 1 to 16; default 1): with more
+    /// than one, messages are striped over them and a connection that breaks or
+    /// stalls has its data moved to the others (see `hcomm_transport::bundle`).
+    pub links: usize,
+    /// The interfaces of the paths the connections take, one listener each; connection
+    /// `i` to a peer takes path `i % paths` (`HCOMM_LINKS=eth0;eth1`). Empty: one path,
+    /// the interface `ifname` chooses.
+    pub link_paths: Vec<IfSpec>,
     /// Ports the mesh listener may take (`HCOMM_PORT_RANGE=lo-hi`, inclusive);
     /// `None`: any free port.
     pub port_range: Option<(u16, u16)>,
@@ -85,6 +93,9 @@ pub struct Config {
 #[derive(Debug, Serialize, Deserialize)]
 struct RankInfo {
     addr: SocketAddr,
+    /// The listeners of every path (`addr` is the first).
+    paths: Vec<SocketAddr>,
+    links: usize,
     #[serde(flatten)]
     place: Placement,
 }
@@ -159,6 +170,8 @@ impl Config {
             stall_warn: Some(hcomm_collectives::DEFAULT_STALL_WARN),
             port_range: None,
             ifname: None,
+            links: 1,
+            link_paths: Vec::new(),
             shm: true,
             stream: StreamOptions::default(),
             auto_spin: true,
@@ -224,6 +237,12 @@ impl Config {
         if let Ok(v) = std::env::var("HCOMM_IFNAME") {
             c.ifname = Some(IfSpec::parse(&v)?);
         }
+        if let Ok(v) = std::env::var("HCOMM_LINKS") {
+            (c.links, c.link_paths) = parse_links(&v)?;
+        }
+        if let Some(us) = micros_var("HCOMM_LINK_STALL_US")? {
+            c.stream.link_stall = us;
+        }
         if let Ok(v) = std::env::var("HCOMM_PORT_RANGE") {
             c.port_range = Some(parse_port_range(&v)?);
         }
@@ -256,7 +275,7 @@ impl Config {
     /// both ends manage (`Config::shm`).
     async fn shared_memory(
         &self,
-        streams: Vec<Option<TcpStream>>,
+        streams: Vec<Option<Vec<TcpStream>>>,
         hosts: &[String],
     ) -> Result<Vec<Option<PeerLink<TcpStream>>>> {
         let (rank, job) = (self.rank, job_hash(&self.job_id));
@@ -265,7 +284,12 @@ impl Config {
             let local = self.shm && hosts.get(peer) == hosts.get(rank);
             let opts = &opts;
             async move {
-                let Some(mut s) = s else { return Ok(None) };
+                let Some(mut all) = s else { return Ok(None) };
+                if !local && all.len() > 1 {
+                    return Ok(Some(PeerLink::Bundle(all)));
+                }
+                // Shared memory needs one connection, as doorbell; both ends drop the others.
+                let mut s = all.swap_remove(0);
                 if !local {
                     return Ok(Some(PeerLink::Tcp(s)));
                 }
@@ -299,6 +323,11 @@ impl Config {
             .into_iter()
             .map(|l| match l {
                 Some(PeerLink::Tcp(s)) => s.into_std().map(|s| Some(PeerLink::Tcp(s))),
+                Some(PeerLink::Bundle(v)) => v
+                    .into_iter()
+                    .map(TcpStream::into_std)
+                    .collect::<std::io::Result<Vec<_>>>()
+                    .map(|v| Some(PeerLink::Bundle(v))),
                 Some(PeerLink::Shm(p, s)) => Ok(Some(PeerLink::Shm(p, s))),
                 None => Ok(None),
             })
@@ -356,7 +385,7 @@ impl Config {
         placement_of(self.rack.clone(), self.topology.as_ref(), self.host.clone())
     }
 
-    async fn rendezvous(&self) -> Result<(Vec<Option<TcpStream>>, Vec<Placement>, Keep)> {
+    async fn rendezvous(&self) -> Result<(Vec<Option<Vec<TcpStream>>>, Vec<Placement>, Keep)> {
         let (rank, size) = (self.rank, self.size);
         if size == 0 || rank >= size {
             return Err(Error::config(format!("rank {rank} of {size} ranks")));
@@ -378,18 +407,28 @@ impl Config {
         let mut store =
             StoreClient::connect(&self.addr, &key, job, rank, size, deadline).await.map_err(|e| e.at_rank(rank))?;
         let via = store.local_addr()?.ip();
-        let ip = match &self.ifname {
-            Some(spec) => spec.choose(&crate::ifname::interfaces()?, via).map_err(|e| e.at_rank(rank))?,
-            None => via,
+        let ips = match (&self.ifname, &self.link_paths[..]) {
+            (_, [_, ..]) => {
+                let ifs = crate::ifname::interfaces()?;
+                let ips = self.link_paths.iter().map(|p| p.choose(&ifs, via)).collect::<Result<Vec<IpAddr>>>();
+                ips.map_err(|e| e.at_rank(rank))?
+            }
+            (Some(spec), []) => vec![spec.choose(&crate::ifname::interfaces()?, via).map_err(|e| e.at_rank(rank))?],
+            (None, []) => vec![via],
         };
-        if ip != via {
-            tracing::debug!(rank, %ip, %via, "HCOMM_IFNAME chose another address than the store's route");
+        if ips[0] != via {
+            tracing::debug!(rank, ip = %ips[0], %via, "HCOMM_IFNAME chose another address than the store's route");
         }
-        let listener = bind_listener(ip, self.port_range).await.map_err(|e| e.at_rank(rank))?;
-        let me = RankInfo {
-            addr: listener.local_addr().map_err(|e| Error::io("listener address", e))?,
-            place: self.placement(),
-        };
+        let mut listeners = Vec::with_capacity(ips.len());
+        for ip in ips {
+            listeners.push(bind_listener(ip, self.port_range).await.map_err(|e| e.at_rank(rank))?);
+        }
+        let paths = listeners
+            .iter()
+            .map(TcpListener::local_addr)
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| Error::io("listener address", e))?;
+        let me = RankInfo { addr: paths[0], paths, links: self.links, place: self.placement() };
         let me = serde_json::to_string(&me).map_err(|e| boot(rank, e.to_string()))?;
         store.set(&format!("rank/{rank}"), &me).await.map_err(|e| e.at_rank(rank))?;
         let keys: Vec<String> = (0..size).map(|r| format!("rank/{r}")).collect();
@@ -417,7 +456,16 @@ impl Config {
             .map(|v| serde_json::from_str(v))
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| boot(rank, format!("malformed rank entry in the store: {e}")))?;
-        let addrs: Vec<SocketAddr> = infos.iter().map(|i| i.addr).collect();
+        if let Some((r, other)) = infos.iter().enumerate().find(|(_, i)| i.links != self.links) {
+            return Err(boot(
+                rank,
+                format!(
+                    "rank {r} opens {} connections per peer and this rank {}: HCOMM_LINKS must be the same on every rank",
+                    other.links, self.links
+                ),
+            ));
+        }
+        let addrs: Vec<Vec<SocketAddr>> = infos.iter().map(|i| i.paths.clone()).collect();
         let places: Vec<Placement> = infos.into_iter().map(|i| i.place).collect();
         let opts = MeshOptions {
             job,
@@ -425,7 +473,7 @@ impl Config {
             timeout: deadline.saturating_duration_since(Instant::now()),
             ..MeshOptions::default()
         };
-        let streams = connect_mesh(rank, size, listener, &addrs, &opts).await?;
+        let streams = connect_mesh_links(rank, size, listeners, &addrs, self.links, &opts).await?;
         Ok((streams, places, keep))
     }
 }
@@ -463,6 +511,35 @@ pub(crate) fn attach_store<T: hcomm_core::LocalTransport>(
             None => c,
         })
         .collect()
+}
+
+/// Most connections per peer `HCOMM_LINKS` may ask for.
+pub const MAX_LINKS: usize = 16;
+
+/// `HCOMM_LINKS`: a number of connections per peer (`1` to [`MAX_LINKS`], all over
+/// the interface `HCOMM_IFNAME` chooses), or one path per connection, as interface
+/// choices in `HCOMM_IFNAME`'s grammar separated by `;` (`eth0;eth1`,
+/// `10.1.0.0/16;10.2.0.0/16`). Returns the number of connections and the paths (empty
+/// for the first form).
+///
+/// # Errors
+/// A configuration error naming the variable.
+pub fn parse_links(v: &str) -> Result<(usize, Vec<IfSpec>)> {
+    let t = v.trim();
+    if let Ok(n) = t.parse::<usize>() {
+        if !(1..=MAX_LINKS).contains(&n) {
+            return Err(Error::config(format!("HCOMM_LINKS={v:?}: between 1 and {MAX_LINKS} connections per peer")));
+        }
+        return Ok((n, Vec::new()));
+    }
+    let paths = t
+        .split(';')
+        .map(|p| IfSpec::parse(p).map_err(|e| Error::config(format!("HCOMM_LINKS={v:?}: path {p:?}: {e}"))))
+        .collect::<Result<Vec<_>>>()?;
+    if paths.len() > MAX_LINKS {
+        return Err(Error::config(format!("HCOMM_LINKS={v:?}: more than {MAX_LINKS} paths")));
+    }
+    Ok((paths.len(), paths))
 }
 
 /// `HCOMM_PORT_RANGE`: `lo-hi` (inclusive) or a single port.
@@ -519,6 +596,17 @@ mod tests {
         // Explicit spins stay.
         c.auto_spin = false;
         assert_eq!(spins(c.stream_options(&crowded)), default);
+    }
+
+    #[test]
+    fn links_grammar() {
+        assert_eq!(parse_links("3").unwrap(), (3, Vec::new()));
+        let (n, paths) = parse_links("hc0; 10.79.0.0/24").unwrap();
+        assert_eq!((n, paths.len()), (2, 2));
+        for bad in ["0", "17", "", "eth0;", "a b"] {
+            let e = parse_links(bad).unwrap_err();
+            assert!(e.to_string().contains("HCOMM_LINKS"), "{bad}: {e}");
+        }
     }
 
     #[test]

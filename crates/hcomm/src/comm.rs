@@ -63,6 +63,12 @@ impl<T: LocalTransport> Communicator<T> {
         self.group.transport().name()
     }
 
+    /// The transport under this communicator (for its own reports, such as
+    /// `StreamTransport::link_stats`).
+    pub fn transport(&self) -> &T {
+        self.group.transport()
+    }
+
     /// Where the ranks run.
     pub fn topology(&self) -> &Topology {
         self.group.topology()

@@ -62,7 +62,7 @@ pub use hcomm_core::{
     DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
 };
 pub use hcomm_topology::{Grid, Level, Placement, Topology, TopologyFile};
-pub use hcomm_transport::{HAS_URING, MemTransport, StreamOptions, StreamTransport};
+pub use hcomm_transport::{BundleStats, HAS_URING, MemTransport, StreamOptions, StreamTransport};
 pub use tune::{TuneOptions, round_order, tune_sizes};
 
 use std::sync::Arc;
@@ -122,8 +122,18 @@ pub fn local_placed(placements: &[Placement]) -> Vec<Communicator<MemTransport>>
 /// # Errors
 /// As [`Config::connect`].
 pub async fn local_tcp(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
+    local_tcp_with(n, |_| {}).await
+}
+
+/// As [`local_tcp`], each rank's configuration first changed by `adjust` (several
+/// connections per peer, say: `|c| c.links = 3`).
+///
+/// # Errors
+/// As [`Config::connect`].
+pub async fn local_tcp_with(n: usize, adjust: impl Fn(&mut Config)) -> Result<Vec<Communicator<StreamTransport>>> {
     stats::install_from_env()?;
-    let (store, configs) = bootstrap::local_configs(n).await?;
+    let (store, mut configs) = bootstrap::local_configs(n).await?;
+    configs.iter_mut().for_each(&adjust);
     let comms = futures::future::try_join_all(configs.into_iter().map(Config::connect)).await?;
     Ok(bootstrap::attach_store(comms, store))
 }
@@ -135,14 +145,7 @@ pub async fn local_tcp(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
 /// # Errors
 /// As [`Config::connect`].
 pub async fn local_shm(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
-    stats::install_from_env()?;
-    let (store, configs) = bootstrap::local_configs(n).await?;
-    let comms = futures::future::try_join_all(configs.into_iter().map(|mut c| {
-        c.shm = true;
-        c.connect()
-    }))
-    .await?;
-    Ok(bootstrap::attach_store(comms, store))
+    local_tcp_with(n, |c| c.shm = true).await
 }
 
 /// `n` communicators of one job in this process, connected over loopback TCP driven
@@ -152,8 +155,18 @@ pub async fn local_shm(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
 /// As [`Config::connect`].
 #[cfg(all(feature = "uring", target_os = "linux"))]
 pub async fn local_uring(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
+    local_uring_with(n, |_| {}).await
+}
+
+/// As [`local_uring`], each rank's configuration first changed by `adjust`.
+///
+/// # Errors
+/// As [`Config::connect`].
+#[cfg(all(feature = "uring", target_os = "linux"))]
+pub async fn local_uring_with(n: usize, adjust: impl Fn(&mut Config)) -> Result<Vec<Communicator<StreamTransport>>> {
     stats::install_from_env()?;
-    let (store, configs) = bootstrap::local_configs(n).await?;
+    let (store, mut configs) = bootstrap::local_configs(n).await?;
+    configs.iter_mut().for_each(&adjust);
     let comms = futures::future::try_join_all(configs.into_iter().map(Config::connect_uring)).await?;
     Ok(bootstrap::attach_store(comms, store))
 }

@@ -1,0 +1,837 @@
+//! Several TCP connections to one peer used as one ordered, reliable stream
+//! (`HCOMM_LINKS`): striping, per-segment acknowledgements, and failover.
+//!
+//! The stream transport's write loop produces one byte stream per peer (its frames);
+//! with a bundle, that stream is cut into *segments* that carry their offset in it.
+//! Each segment goes to the connection (link) with the least unacknowledged data, so
+//! a large message is striped over every link. The receiver puts segments back in
+//! order (dropping duplicates), feeds the frame assembler, and acknowledges the
+//! contiguous prefix it holds, on every link, at least every [`ACK_TICK`]; an
+//! acknowledgement also reports how many bytes arrived on each link.
+//!
+//! The sender keeps every segment until it is acknowledged (the bytes are reference
+//! counted: no copy). When the acknowledged prefix stops moving for longer than the
+//! stall limit while data is outstanding, the link that carries the oldest missing
+//! segment is suspected and every segment it holds is queued again, at the front, on
+//! the other links, so the hole fills first; a link that breaks (an error or an end
+//! of stream) has its segments moved the same way. A suspected link gets no new data
+//! until the peer reports bytes arriving on it again. The peer fails only when no
+//! link is left. The application sees no loss, duplicate or reordering: the receiver
+//! accepts each offset once, in order.
+//!
+//! Adaptation: segment size and the unacknowledged bytes allowed per link follow the
+//! measured throughput (from acknowledgements) and round-trip time (from segments
+//! sent once): a link may hold twice its share of throughput × round trip, between
+//! [`MIN_CAP`] and [`MAX_CAP`]; segments carry about a millisecond of throughput,
+//! between 64 KiB and 1 MiB. The stall limit is three round trips plus three
+//! acknowledgement ticks, at least [`crate::StreamOptions::link_stall`].
+//!
+//! Segment header, 16 bytes: kind (1 data, 2 acknowledgement), three zero bytes,
+//! length (u32 LE), offset (u64 LE; for an acknowledgement, the contiguous prefix
+//! received). An acknowledgement's payload is one u64 LE per link: bytes received on
+//! it. Anything else, a segment over 4 MiB, or one further ahead than 256 MiB of the
+//! first missing byte, is a protocol error that fails the peer (the connections are
+//! authenticated, so it means a bug or corruption, not a stranger).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use hcomm_core::wire::FrameKind;
+use hcomm_core::{Error, ErrorKind, Rank, Result};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::framing::{Assembler, push};
+use crate::stream::{Links, ReadLink, WriteLink};
+
+pub(crate) const SEG_HEADER: usize = 16;
+const KIND_DATA: u8 = 1;
+const KIND_ACK: u8 = 2;
+/// Largest data segment accepted.
+const MAX_SEG: usize = 4 << 20;
+/// How far ahead of the first missing byte a segment may start.
+const MAX_AHEAD: u64 = 256 << 20;
+/// How often owed acknowledgements go out, and stalls are checked, while anything is
+/// outstanding.
+pub const ACK_TICK: Duration = Duration::from_millis(2);
+/// Bounds of the unacknowledged bytes one link may hold.
+pub const MIN_CAP: usize = 512 << 10;
+pub const MAX_CAP: usize = 16 << 20;
+const MIN_CHUNK: usize = 64 << 10;
+const MAX_CHUNK: usize = 1 << 20;
+/// Segments up to this size are copied into the link's write batch.
+const COPY_LIMIT: usize = 16 << 10;
+/// How long an orderly finish waits for the peer's acknowledgements.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// What a bundle has seen of its links.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BundleStats {
+    /// Connections to the peer.
+    pub links: usize,
+    /// Links still alive (not broken).
+    pub alive: usize,
+    /// Times a stalled or broken link's segments were moved to the other links.
+    pub failovers: u64,
+    /// Bytes sent again after a failover.
+    pub resent_bytes: u64,
+    /// Longest time data waited with no acknowledgement progress.
+    pub max_gap: Duration,
+    /// Bytes received on each link.
+    pub received: Vec<u64>,
+    /// Current segment size and per-link limit of unacknowledged bytes.
+    pub chunk: usize,
+    pub cap: usize,
+}
+
+#[derive(Debug)]
+struct Seg {
+    off: u64,
+    data: Bytes,
+    link: usize,
+    /// When a link handed it to the kernel (`None` while queued).
+    sent: Option<Instant>,
+    /// Queued more than once: no round-trip sample from it (Karn's rule).
+    resent: bool,
+}
+
+impl Seg {
+    fn end(&self) -> u64 {
+        self.off + self.data.len() as u64
+    }
+}
+
+#[derive(Debug, Default)]
+struct LinkState {
+    alive: bool,
+    suspect: bool,
+    queue: VecDeque<(u64, Bytes)>,
+    /// Bytes of unacknowledged segments assigned to it.
+    inflight: usize,
+    /// The peer's count of bytes received on it.
+    reported: u64,
+    ack_due: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    link: Vec<LinkState>,
+    // Sending.
+    next_off: u64,
+    acked: u64,
+    unacked: VecDeque<Seg>,
+    /// The last acknowledgement progress (or when data became outstanding).
+    progress_at: Instant,
+    /// Stalls are measured from the later of `progress_at` and this (a failover, or a
+    /// late tick of this rank's own executor).
+    checked_at: Instant,
+    min_rtt: Option<Duration>,
+    srtt: Option<Duration>,
+    /// Acknowledged bytes per second, and where its current window started.
+    rate: Option<f64>,
+    rate_mark: (Instant, u64),
+    stats: BundleStats,
+    finished: bool,
+    // Receiving.
+    next: u64,
+    ooo: BTreeMap<u64, Bytes>,
+    asm: Assembler,
+    ack_sent: u64,
+    close_seen: bool,
+    /// Every link ended after the peer's close frame: it reads no more.
+    peer_ended: bool,
+    failed: bool,
+}
+
+/// The links to one peer and their shared state. See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Bundle {
+    peer: Rank,
+    links: Arc<Links>,
+    st: Mutex<State>,
+    /// Per link: work for its writer.
+    work: Vec<Notify>,
+    /// Acknowledgements came (room in the window, or everything acknowledged).
+    room: Notify,
+    /// Data became outstanding or an acknowledgement became owed.
+    activity: Notify,
+    stall_floor: Duration,
+    /// A duplicate of each link's socket, to break it on purpose in tests.
+    fds: Vec<OwnedFd>,
+    /// The link writers, and how many still run.
+    tasks: Mutex<Vec<AbortHandle>>,
+    writers: AtomicUsize,
+    ended: Notify,
+}
+
+fn protocol(peer: Rank, msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Protocol, msg).with_peer(peer)
+}
+
+fn header(kind: u8, len: usize, off: u64) -> [u8; SEG_HEADER] {
+    let mut h = [0u8; SEG_HEADER];
+    h[0] = kind;
+    h[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+    h[8..16].copy_from_slice(&off.to_le_bytes());
+    h
+}
+
+/// Kind, length and offset of a segment header.
+fn parse(h: &[u8], peer: Rank, links: usize) -> Result<(u8, usize, u64)> {
+    let len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes")) as usize;
+    let off = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+    match h[0] {
+        _ if h[1..4] != [0, 0, 0] => {
+            Err(protocol(peer, format!("segment header {:02x?} has reserved bits set", &h[..4])))
+        }
+        KIND_DATA if len <= MAX_SEG => Ok((KIND_DATA, len, off)),
+        KIND_ACK if len == 8 * links => Ok((KIND_ACK, len, off)),
+        k => Err(protocol(peer, format!("segment of kind {k} and length {len} from rank {peer}"))),
+    }
+}
+
+impl Bundle {
+    pub(crate) fn new(peer: Rank, n: usize, links: Arc<Links>, stall_floor: Duration, fds: Vec<OwnedFd>) -> Bundle {
+        let now = Instant::now();
+        Bundle {
+            peer,
+            st: Mutex::new(State {
+                link: (0..n).map(|_| LinkState { alive: true, ..LinkState::default() }).collect(),
+                next_off: 0,
+                acked: 0,
+                unacked: VecDeque::new(),
+                progress_at: now,
+                checked_at: now,
+                min_rtt: None,
+                srtt: None,
+                rate: None,
+                rate_mark: (now, 0),
+                stats: BundleStats { links: n, alive: n, received: vec![0; n], ..BundleStats::default() },
+                finished: false,
+                next: 0,
+                ooo: BTreeMap::new(),
+                asm: Assembler::new(peer),
+                ack_sent: 0,
+                close_seen: false,
+                peer_ended: false,
+                failed: false,
+            }),
+            links,
+            work: (0..n).map(|_| Notify::new()).collect(),
+            room: Notify::new(),
+            activity: Notify::new(),
+            stall_floor,
+            fds,
+            tasks: Mutex::new(Vec::new()),
+            writers: AtomicUsize::new(n),
+            ended: Notify::new(),
+        }
+    }
+
+    /// Registers a link writer's task.
+    pub(crate) fn add_writer(&self, h: AbortHandle) {
+        self.tasks.lock().push(h);
+    }
+
+    pub(crate) fn stats(&self) -> BundleStats {
+        let st = self.st.lock();
+        let mut s = st.stats.clone();
+        s.alive = st.link.iter().filter(|l| l.alive).count();
+        s.chunk = chunk(&st);
+        s.cap = cap(&st);
+        s
+    }
+
+    /// Breaks link `i` (both directions), as a failed cable would.
+    pub(crate) fn break_link(&self, i: usize) -> std::io::Result<()> {
+        let fd = self.fds.get(i).ok_or_else(|| std::io::Error::other(format!("no link {i}")))?;
+        socket2::SockRef::from(fd).shutdown(std::net::Shutdown::Both)
+    }
+
+    /// Fails the peer: no link is left, or one broke the protocol.
+    fn fail(&self, st: &mut State, err: Error) {
+        if st.failed {
+            return;
+        }
+        st.failed = true;
+        for l in &mut st.link {
+            l.queue.clear();
+        }
+        tracing::debug!(peer = self.peer, error = %err, "bundle failed");
+        self.links.mailbox.fail_peer(self.peer, err);
+        self.links.mark(&self.links.reader_done, self.peer);
+        self.wake_all();
+    }
+
+    fn wake_all(&self) {
+        for w in &self.work {
+            w.notify_one();
+        }
+        self.room.notify_waiters();
+        self.activity.notify_one();
+    }
+
+    /// Queues `data` for the peer, segment by segment, as the window allows.
+    async fn push(&self, mut data: Bytes) -> Result<()> {
+        while !data.is_empty() {
+            loop {
+                let room = self.room.notified();
+                tokio::pin!(room);
+                room.as_mut().enable();
+                {
+                    let mut st = self.st.lock();
+                    if st.failed {
+                        return Err(self.links.mailbox.peer_failure(self.peer).unwrap_or_else(|| {
+                            Error::new(ErrorKind::PeerFailed, "every link to the peer broke").with_peer(self.peer)
+                        }));
+                    }
+                    let cap = cap(&st);
+                    let target = choose(&st.link, None, Some(cap));
+                    if let Some(i) = target {
+                        let piece = data.split_to(data.len().min(chunk(&st)));
+                        let now = Instant::now();
+                        if st.unacked.is_empty() {
+                            st.progress_at = now;
+                            st.checked_at = now;
+                            self.activity.notify_one();
+                        }
+                        let off = st.next_off;
+                        st.next_off += piece.len() as u64;
+                        st.link[i].inflight += piece.len();
+                        st.link[i].queue.push_back((off, piece.clone()));
+                        st.unacked.push_back(Seg { off, data: piece, link: i, sent: None, resent: false });
+                        drop(st);
+                        self.work[i].notify_one();
+                        break;
+                    }
+                }
+                room.await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every unacknowledged segment of link `from` to the other links, at the
+    /// front of their queues. `false` if no other link is alive.
+    fn reassign(st: &mut State, from: usize) -> bool {
+        let acked = st.acked;
+        st.link[from].queue.clear();
+        let moving: Vec<usize> = (0..st.unacked.len()).filter(|&k| st.unacked[k].link == from).collect();
+        if moving.is_empty() {
+            return true;
+        }
+        if choose(&st.link, Some(from), None).is_none() {
+            return false;
+        }
+        // Back to front, each at the front of its new queue: the lowest offsets go first.
+        for &k in moving.iter().rev() {
+            let to = choose(&st.link, Some(from), None).expect("checked above");
+            let seg = &mut st.unacked[k];
+            if seg.end() <= acked {
+                continue;
+            }
+            let len = seg.data.len();
+            seg.link = to;
+            seg.sent = None;
+            seg.resent = true;
+            let item = (seg.off, seg.data.clone());
+            st.link[from].inflight -= len;
+            st.link[to].inflight += len;
+            st.link[to].queue.push_front(item);
+            st.stats.resent_bytes += len as u64;
+        }
+        st.stats.failovers += 1;
+        true
+    }
+
+    /// Link `i` broke (or, `eof`, ended): its segments move to the others; with
+    /// none left, the peer fails. A peer ends its links only once it has our close
+    /// frame and has acknowledged everything (see [`Bundle::finish`]): an end after
+    /// its own close frame is orderly.
+    fn link_down(&self, i: usize, err: Error, eof: bool) {
+        let mut st = self.st.lock();
+        if !st.link[i].alive {
+            return;
+        }
+        st.link[i].alive = false;
+        if eof && st.close_seen {
+            st.link[i].queue.clear();
+            if st.link.iter().all(|l| !l.alive) {
+                st.peer_ended = true;
+            }
+        } else {
+            tracing::warn!(peer = self.peer, link = i, error = %err, "link to peer broke");
+            if !Self::reassign(&mut st, i) || st.link.iter().all(|l| !l.alive) {
+                self.fail(&mut st, err);
+            }
+        }
+        drop(st);
+        self.wake_all();
+    }
+
+    /// A data segment arrived on link `i`.
+    fn on_data(&self, i: usize, off: u64, data: Bytes) -> Result<()> {
+        let mut st = self.st.lock();
+        st.stats.received[i] += data.len() as u64;
+        let end = off + data.len() as u64;
+        if end <= st.next || data.is_empty() {
+            return Ok(()); // a duplicate (sent again after a failover)
+        }
+        if off > st.next {
+            if off - st.next > MAX_AHEAD {
+                return Err(protocol(
+                    self.peer,
+                    format!("segment at {off} is more than {MAX_AHEAD} bytes ahead of {}", st.next),
+                ));
+            }
+            st.ooo.entry(off).or_insert(data);
+            return Ok(());
+        }
+        let mut frames = Vec::new();
+        let skip = (st.next - off) as usize;
+        push(&mut st.asm, &data[skip..], &mut frames)?;
+        st.next = end;
+        while let Some(e) = st.ooo.first_entry() {
+            let (o, d) = (*e.key(), e.remove());
+            let e_end = o + d.len() as u64;
+            if e_end <= st.next {
+                continue;
+            }
+            if o > st.next {
+                st.ooo.insert(o, d);
+                break;
+            }
+            let skip = (st.next - o) as usize;
+            push(&mut st.asm, &d[skip..], &mut frames)?;
+            st.next = e_end;
+        }
+        for f in frames {
+            let close = f.header.kind == FrameKind::Close;
+            self.links.mailbox.deliver(f);
+            if close {
+                st.close_seen = true;
+                self.links.mark(&self.links.reader_done, self.peer);
+            }
+        }
+        let owed = st.next - st.ack_sent;
+        if owed >= (cap(&st) / 4) as u64 || st.close_seen {
+            self.owe_ack(&mut st);
+        } else {
+            self.activity.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Schedules an acknowledgement of everything received on every live link.
+    fn owe_ack(&self, st: &mut State) {
+        st.ack_sent = st.next;
+        for (k, l) in st.link.iter_mut().enumerate() {
+            if l.alive && !l.ack_due {
+                l.ack_due = true;
+                self.work[k].notify_one();
+            }
+        }
+    }
+
+    /// An acknowledgement arrived.
+    fn on_ack(&self, cum: u64, reported: &[u8]) -> Result<()> {
+        let mut st = self.st.lock();
+        if cum > st.next_off {
+            return Err(protocol(self.peer, format!("acknowledgement of {cum} bytes, only {} sent", st.next_off)));
+        }
+        for (k, b) in reported.chunks_exact(8).enumerate() {
+            let n = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            let l = &mut st.link[k];
+            if n > l.reported {
+                l.reported = n;
+                if l.suspect {
+                    l.suspect = false;
+                    tracing::debug!(peer = self.peer, link = k, "suspected link carries data again");
+                }
+            }
+        }
+        if cum <= st.acked {
+            return Ok(());
+        }
+        let now = Instant::now();
+        while st.unacked.front().is_some_and(|s| s.end() <= cum) {
+            let s = st.unacked.pop_front().expect("checked");
+            st.link[s.link].inflight -= s.data.len();
+            if let (false, Some(sent)) = (s.resent, s.sent) {
+                let rtt = now - sent;
+                st.min_rtt = Some(st.min_rtt.map_or(rtt, |m| m.min(rtt)));
+                st.srtt = Some(st.srtt.map_or(rtt, |s| (s * 7 + rtt) / 8));
+            }
+        }
+        st.acked = cum;
+        let gap = now - st.progress_at;
+        st.stats.max_gap = st.stats.max_gap.max(gap);
+        st.progress_at = now;
+        st.checked_at = st.checked_at.max(now);
+        let (mark, at) = st.rate_mark;
+        let window = now - mark;
+        if window >= Duration::from_millis(10) {
+            let r = (cum - at) as f64 / window.as_secs_f64();
+            st.rate = Some(st.rate.map_or(r, |old| 0.75 * old + 0.25 * r));
+            st.rate_mark = (now, cum);
+        }
+        drop(st);
+        self.room.notify_waiters();
+        Ok(())
+    }
+
+    /// Segments `offs` were handed to the kernel on link `i`.
+    fn written(&self, i: usize, offs: &[u64]) {
+        let now = Instant::now();
+        let mut st = self.st.lock();
+        for &off in offs {
+            if let Ok(k) = st.unacked.binary_search_by_key(&off, |s| s.off)
+                && st.unacked[k].link == i
+            {
+                st.unacked[k].sent = Some(now);
+            }
+        }
+    }
+
+    fn stall_limit(&self, st: &State) -> Duration {
+        let rtt = st.min_rtt.unwrap_or(Duration::ZERO);
+        (rtt * 3 + ACK_TICK * 3).max(self.stall_floor)
+    }
+
+    /// One round of the monitor: owed acknowledgements, stalls. Returns whether
+    /// anything is outstanding (the monitor ticks) or not (it parks).
+    fn tick(&self, late: bool) -> Tick {
+        let mut st = self.st.lock();
+        if st.failed || (st.finished && st.close_seen && st.acked == st.next_off && st.ack_sent == st.next) {
+            return Tick::Done;
+        }
+        let now = Instant::now();
+        if late {
+            st.checked_at = now;
+        }
+        if st.next > st.ack_sent {
+            self.owe_ack(&mut st);
+        }
+        let Some(oldest) = st.unacked.front() else {
+            return Tick::Idle;
+        };
+        let waited = now - st.progress_at.max(st.checked_at);
+        if waited > self.stall_limit(&st) {
+            let from = oldest.link;
+            st.checked_at = now;
+            if st.link.iter().enumerate().any(|(k, l)| k != from && l.alive) {
+                st.link[from].suspect = true;
+                let moved: usize = st.unacked.iter().filter(|s| s.link == from).map(|s| s.data.len()).sum();
+                tracing::warn!(
+                    peer = self.peer,
+                    link = from,
+                    waited_ms = waited.as_millis() as u64,
+                    moved,
+                    "link stalled: its segments move to the other links"
+                );
+                Self::reassign(&mut st, from);
+                drop(st);
+                self.wake_all();
+                return Tick::Busy;
+            }
+        }
+        Tick::Busy
+    }
+
+    /// An orderly end: waits (at most [`LINGER`]) until the peer has acknowledged
+    /// everything and everything it sent is acknowledged, then lets the link writers
+    /// end their connections.
+    async fn finish(&self) {
+        let until = tokio::time::Instant::now() + LINGER;
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut st = self.st.lock();
+                let received_all = st.close_seen || self.links.readers_stopped.load(Ordering::Acquire);
+                if st.failed || st.peer_ended || (st.acked == st.next_off && received_all) {
+                    if st.next > st.ack_sent {
+                        self.owe_ack(&mut st);
+                    }
+                    break;
+                }
+            }
+            if tokio::time::timeout_at(until, room).await.is_err() {
+                break;
+            }
+        }
+        self.st.lock().finished = true;
+        self.wake_all();
+        // Each link writer writes what it owes and ends its connection; one stuck on
+        // a dead connection (its send buffer full) would never end: stop it.
+        let until = tokio::time::Instant::now() + LINGER;
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.writers.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(until, ended).await.is_err() {
+                break;
+            }
+        }
+        for h in self.tasks.lock().drain(..) {
+            h.abort();
+        }
+    }
+}
+
+enum Tick {
+    Done,
+    Idle,
+    Busy,
+}
+
+/// Segment size: about a millisecond of the measured throughput.
+fn chunk(st: &State) -> usize {
+    match st.rate {
+        Some(r) => ((r / 1000.0) as usize).next_power_of_two().clamp(MIN_CHUNK, MAX_CHUNK),
+        None => 256 << 10,
+    }
+}
+
+/// Unacknowledged bytes one link may hold: twice its share of throughput × round trip.
+fn cap(st: &State) -> usize {
+    let live = st.link.iter().filter(|l| l.alive && !l.suspect).count().max(1);
+    match (st.rate, st.srtt) {
+        (Some(r), Some(rtt)) => ((2.0 * r * rtt.as_secs_f64()) as usize / live).clamp(MIN_CAP, MAX_CAP),
+        _ => 4 << 20,
+    }
+}
+
+/// The link to put the next segment on: alive, not `except`, unsuspected if any such
+/// is, under `cap` if one is given; the least loaded.
+fn choose(link: &[LinkState], except: Option<usize>, cap: Option<usize>) -> Option<usize> {
+    let usable = |k: usize, l: &LinkState| l.alive && Some(k) != except;
+    let trusted = link.iter().enumerate().any(|(k, l)| usable(k, l) && !l.suspect);
+    link.iter()
+        .enumerate()
+        .filter(|&(k, l)| usable(k, l) && (!trusted || !l.suspect))
+        .filter(|(_, l)| cap.is_none_or(|c| l.inflight < c))
+        .min_by_key(|(_, l)| l.inflight)
+        .map(|(k, _)| k)
+}
+
+/// The write side of a bundle, for the stream transport's write loop.
+pub(crate) struct BundleWriter(pub Arc<Bundle>);
+
+impl WriteLink for BundleWriter {
+    async fn write(&mut self, mut batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut) {
+        let first = batch.split().freeze();
+        for part in [Some(first), big].into_iter().flatten() {
+            if let Err(e) = self.0.push(part).await {
+                return (Err(std::io::Error::other(e.to_string())), batch);
+            }
+        }
+        (Ok(()), batch)
+    }
+
+    async fn finish(&mut self) {
+        self.0.finish().await;
+    }
+}
+
+/// Writes link `i`'s segments and acknowledgements until the bundle finishes or the
+/// link breaks.
+pub(crate) async fn link_writer<W: WriteLink>(b: Arc<Bundle>, i: usize, w: W) {
+    struct Ended<'a>(&'a Bundle);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            self.0.writers.fetch_sub(1, Ordering::AcqRel);
+            self.0.ended.notify_waiters();
+        }
+    }
+    let _ended = Ended(&b);
+    write_segments(&b, i, w).await;
+}
+
+async fn write_segments<W: WriteLink>(b: &Bundle, i: usize, mut w: W) {
+    let mut batch = BytesMut::with_capacity(64 << 10);
+    let mut offs = Vec::new();
+    loop {
+        let mut big = None;
+        let mut finish = false;
+        loop {
+            let work = b.work[i].notified();
+            tokio::pin!(work);
+            work.as_mut().enable();
+            {
+                let mut st = b.st.lock();
+                if !st.link[i].alive || st.failed {
+                    return;
+                }
+                if st.link[i].ack_due {
+                    st.link[i].ack_due = false;
+                    let n = st.link.len();
+                    batch.extend_from_slice(&header(KIND_ACK, 8 * n, st.ack_sent));
+                    for k in 0..n {
+                        batch.extend_from_slice(&st.stats.received[k].to_le_bytes());
+                    }
+                }
+                let acked = st.acked;
+                while batch.len() < (64 << 10) {
+                    let Some((off, data)) = st.link[i].queue.pop_front() else { break };
+                    if off + data.len() as u64 <= acked {
+                        continue;
+                    }
+                    batch.extend_from_slice(&header(KIND_DATA, data.len(), off));
+                    offs.push(off);
+                    if data.len() > COPY_LIMIT {
+                        big = Some(data);
+                        break;
+                    }
+                    batch.extend_from_slice(&data);
+                }
+                if batch.is_empty() && st.finished {
+                    finish = true;
+                }
+            }
+            if !batch.is_empty() || finish {
+                break;
+            }
+            work.await;
+        }
+        if finish {
+            w.finish().await;
+            return;
+        }
+        let (res, back) = w.write(batch, big).await;
+        batch = back;
+        batch.clear();
+        if let Err(e) = res {
+            let err = Error::new(ErrorKind::PeerFailed, format!("link {i} to rank {} broke while sending", b.peer))
+                .with_peer(b.peer)
+                .with_source(e);
+            return b.link_down(i, err, false);
+        }
+        b.written(i, &offs);
+        offs.clear();
+    }
+}
+
+/// Reads link `i`'s segments until it ends.
+pub(crate) async fn link_reader<R: ReadLink>(b: Arc<Bundle>, i: usize, mut r: R) {
+    let peer = b.peer;
+    let n = b.work.len();
+    let mut buf = BytesMut::with_capacity(64 << 10);
+    let (err, eof) = 'read: loop {
+        let mut need = SEG_HEADER;
+        while buf.len() >= SEG_HEADER {
+            let (kind, len, off) = match parse(&buf[..SEG_HEADER], peer, n) {
+                Ok(h) => h,
+                Err(e) => {
+                    b.fail(&mut b.st.lock(), e);
+                    return;
+                }
+            };
+            if buf.len() < SEG_HEADER + len {
+                need = SEG_HEADER + len;
+                break;
+            }
+            buf.advance(SEG_HEADER);
+            let payload = buf.split_to(len).freeze();
+            b.links.heard_from(peer);
+            let res = if kind == KIND_DATA { b.on_data(i, off, payload) } else { b.on_ack(off, &payload) };
+            if let Err(e) = res {
+                b.fail(&mut b.st.lock(), e.with_peer(peer));
+                return;
+            }
+        }
+        let want = need - buf.len();
+        buf.reserve(want.max(64 << 10));
+        let (res, back) = r.read(buf, usize::MAX).await;
+        buf = back;
+        match res {
+            Ok(0) => {
+                let e = Error::new(ErrorKind::PeerFailed, format!("link {i} to rank {peer} ended")).with_peer(peer);
+                break 'read (e, true);
+            }
+            Ok(_) => b.links.heard_from(peer),
+            Err(e) => {
+                let e = Error::new(ErrorKind::PeerFailed, format!("link {i} to rank {peer} broke while receiving"))
+                    .with_peer(peer)
+                    .with_source(e);
+                break 'read (e, false);
+            }
+        }
+    };
+    b.link_down(i, err, eof);
+}
+
+/// Sends owed acknowledgements and moves the segments of stalled links, until the
+/// bundle is done.
+pub(crate) async fn monitor(b: Arc<Bundle>) {
+    let mut last = tokio::time::Instant::now();
+    let mut busy = false;
+    loop {
+        let activity = b.activity.notified();
+        tokio::pin!(activity);
+        activity.as_mut().enable();
+        let now = tokio::time::Instant::now();
+        let late = busy && now - last > ACK_TICK * 8;
+        last = now;
+        match b.tick(late) {
+            Tick::Done => break,
+            Tick::Idle => {
+                busy = false;
+                activity.await;
+                last = tokio::time::Instant::now();
+            }
+            Tick::Busy => {
+                busy = true;
+                tokio::time::sleep(ACK_TICK).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_bad_ones_are_refused() {
+        let h = header(KIND_DATA, 1000, 1 << 40);
+        assert_eq!(parse(&h, 1, 2).unwrap(), (KIND_DATA, 1000, 1 << 40));
+        let a = header(KIND_ACK, 16, 77);
+        assert_eq!(parse(&a, 1, 2).unwrap(), (KIND_ACK, 16, 77));
+        assert!(parse(&a, 1, 3).is_err(), "an acknowledgement sized for another link count");
+        assert!(parse(&header(KIND_DATA, MAX_SEG + 1, 0), 1, 2).is_err());
+        assert!(parse(&header(9, 0, 0), 1, 2).is_err());
+        let mut r = h;
+        r[2] = 1;
+        assert!(parse(&r, 1, 2).is_err());
+    }
+
+    fn links(state: &[(bool, bool, usize)]) -> Vec<LinkState> {
+        state
+            .iter()
+            .map(|&(alive, suspect, inflight)| LinkState { alive, suspect, inflight, ..LinkState::default() })
+            .collect()
+    }
+
+    #[test]
+    fn choice_prefers_trusted_idle_links() {
+        let l = links(&[(true, false, 100), (true, false, 50), (true, true, 0), (false, false, 0)]);
+        assert_eq!(choose(&l, None, None), Some(1));
+        assert_eq!(choose(&l, Some(1), None), Some(0));
+        assert_eq!(choose(&l, None, Some(50)), None, "trusted links full: wait, do not use the suspect");
+        let l = links(&[(true, true, 10), (true, true, 5), (false, false, 0)]);
+        assert_eq!(choose(&l, None, None), Some(1), "only suspects left: the least loaded");
+        assert_eq!(choose(&l, Some(1), None), Some(0));
+        let l = links(&[(false, false, 0), (true, false, 0)]);
+        assert_eq!(choose(&l, Some(1), None), None);
+    }
+}
