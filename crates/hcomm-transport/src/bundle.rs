@@ -10,20 +10,24 @@
 //! acknowledgement also reports how many bytes arrived on each link.
 //!
 //! The sender keeps every segment until it is acknowledged (the bytes are reference
-//! counted: no copy). When the acknowledged prefix stops moving for longer than the
-//! stall limit while data is outstanding, the link that carries the oldest missing
-//! segment is suspected and every segment it holds is queued again, at the front, on
-//! the other links, so the hole fills first; a link that breaks (an error or an end
-//! of stream) has its segments moved the same way. A suspected link gets no new data
-//! until the peer reports bytes arriving on it again. The peer fails only when no
-//! link is left. The application sees no loss, duplicate or reordering: the receiver
-//! accepts each offset once, in order.
+//! counted: no copy). A link with unacknowledged data on which the peer has reported
+//! no new bytes for longer than the stall limit, while another link shows the peer
+//! still receiving (it reported bytes within the limit, or carries nothing), is
+//! suspected: every segment it holds is queued again, at the front, on the other
+//! links, so the holes fill first. A link that breaks (an error, or an end of stream
+//! before the peer's close frame) has its segments moved the same way. When every
+//! link is silent, the peer itself is slow or gone and nothing moves: the peer
+//! watchdog judges that. A suspected link gets no new data until the peer reports
+//! bytes arriving on it again. The peer fails only when no link is left. The
+//! application sees no loss, duplicate or reordering: the receiver accepts each
+//! offset once, in order.
 //!
 //! Adaptation: segment size and the unacknowledged bytes allowed per link follow the
 //! measured throughput (from acknowledgements) and round-trip time (from segments
-//! sent once): a link may hold twice its share of throughput × round trip, between
-//! [`MIN_CAP`] and [`MAX_CAP`]; segments carry about a millisecond of throughput,
-//! between 64 KiB and 1 MiB. The stall limit is three round trips plus three
+//! sent once): a link may hold its share of 8 ms of throughput, or of two of the
+//! shortest round trips if longer, between [`MIN_CAP`] and [`MAX_CAP`] (acknowledgements
+//! queue behind data going the other way, so the bound also keeps them prompt);
+//! segments carry about a millisecond of throughput, between 64 KiB and 1 MiB. The stall limit is three round trips plus three
 //! acknowledgement ticks, at least [`crate::StreamOptions::link_stall`].
 //!
 //! Segment header, 16 bytes: kind (1 data, 2 acknowledgement), three zero bytes,
@@ -60,12 +64,16 @@ const MAX_AHEAD: u64 = 256 << 20;
 /// outstanding.
 pub const ACK_TICK: Duration = Duration::from_millis(2);
 /// Bounds of the unacknowledged bytes one link may hold.
-pub const MIN_CAP: usize = 512 << 10;
+pub const MIN_CAP: usize = 256 << 10;
 pub const MAX_CAP: usize = 16 << 20;
+/// The time's worth of throughput a link may hold unacknowledged (see [`cap`]).
+const QUEUE_TIME: Duration = Duration::from_millis(8);
 const MIN_CHUNK: usize = 64 << 10;
 const MAX_CHUNK: usize = 1 << 20;
 /// Segments up to this size are copied into the link's write batch.
 const COPY_LIMIT: usize = 16 << 10;
+/// How many failovers [`BundleStats::failover_log`] keeps.
+pub const FAILOVER_LOG: usize = 64;
 /// How long an orderly finish waits for the peer's acknowledgements.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -80,13 +88,25 @@ pub struct BundleStats {
     pub failovers: u64,
     /// Bytes sent again after a failover.
     pub resent_bytes: u64,
-    /// Longest time data waited with no acknowledgement progress.
+    /// Longest time data waited with no acknowledgement progress, whatever the cause
+    /// (a peer whose executor was busy computing counts too).
     pub max_gap: Duration,
+    /// Longest of those waits that a failover ended: from the last progress before
+    /// the link stalled or broke to the first after its data moved (detection, resend
+    /// and round trip).
+    pub max_failover_gap: Duration,
+    /// The last failovers (at most [`FAILOVER_LOG`]): when progress came back, by the
+    /// system clock (comparable across processes), and how long it had stopped.
+    pub failover_log: Vec<(std::time::SystemTime, Duration)>,
     /// Bytes received on each link.
     pub received: Vec<u64>,
     /// Current segment size and per-link limit of unacknowledged bytes.
     pub chunk: usize,
     pub cap: usize,
+    /// Shortest and smoothed time from handing a segment to the kernel to its
+    /// acknowledgement (segments sent once only).
+    pub min_rtt: Option<Duration>,
+    pub srtt: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -106,7 +126,7 @@ impl Seg {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LinkState {
     alive: bool,
     suspect: bool,
@@ -115,7 +135,31 @@ struct LinkState {
     inflight: usize,
     /// The peer's count of bytes received on it.
     reported: u64,
+    /// When that count last rose, or the link last went from idle to busy.
+    heard_at: Instant,
     ack_due: bool,
+}
+
+impl LinkState {
+    fn new() -> LinkState {
+        LinkState {
+            alive: true,
+            suspect: false,
+            queue: VecDeque::new(),
+            inflight: 0,
+            reported: 0,
+            heard_at: Instant::now(),
+            ack_due: false,
+        }
+    }
+
+    /// Takes `len` more unacknowledged bytes.
+    fn assign(&mut self, len: usize, now: Instant) {
+        if self.inflight == 0 {
+            self.heard_at = now;
+        }
+        self.inflight += len;
+    }
 }
 
 #[derive(Debug)]
@@ -132,6 +176,8 @@ struct State {
     checked_at: Instant,
     min_rtt: Option<Duration>,
     srtt: Option<Duration>,
+    /// A failover happened since the last progress.
+    failed_over: bool,
     /// Acknowledged bytes per second, and where its current window started.
     rate: Option<f64>,
     rate_mark: (Instant, u64),
@@ -142,6 +188,9 @@ struct State {
     ooo: BTreeMap<u64, Bytes>,
     asm: Assembler,
     ack_sent: u64,
+    /// Segments arrived since the last acknowledgement was scheduled (its per-link
+    /// counts tell the sender which links move, even while a hole holds the prefix).
+    rx_dirty: bool,
     close_seen: bool,
     /// Every link ended after the peer's close frame: it reads no more.
     peer_ended: bool,
@@ -201,7 +250,7 @@ impl Bundle {
         Bundle {
             peer,
             st: Mutex::new(State {
-                link: (0..n).map(|_| LinkState { alive: true, ..LinkState::default() }).collect(),
+                link: (0..n).map(|_| LinkState::new()).collect(),
                 next_off: 0,
                 acked: 0,
                 unacked: VecDeque::new(),
@@ -210,6 +259,7 @@ impl Bundle {
                 min_rtt: None,
                 srtt: None,
                 rate: None,
+                failed_over: false,
                 rate_mark: (now, 0),
                 stats: BundleStats { links: n, alive: n, received: vec![0; n], ..BundleStats::default() },
                 finished: false,
@@ -217,6 +267,7 @@ impl Bundle {
                 ooo: BTreeMap::new(),
                 asm: Assembler::new(peer),
                 ack_sent: 0,
+                rx_dirty: false,
                 close_seen: false,
                 peer_ended: false,
                 failed: false,
@@ -244,6 +295,7 @@ impl Bundle {
         s.alive = st.link.iter().filter(|l| l.alive).count();
         s.chunk = chunk(&st);
         s.cap = cap(&st);
+        (s.min_rtt, s.srtt) = (st.min_rtt, st.srtt);
         s
     }
 
@@ -298,11 +350,13 @@ impl Bundle {
                         if st.unacked.is_empty() {
                             st.progress_at = now;
                             st.checked_at = now;
+                            // Throughput is measured over busy time only.
+                            st.rate_mark = (now, st.acked);
                             self.activity.notify_one();
                         }
                         let off = st.next_off;
                         st.next_off += piece.len() as u64;
-                        st.link[i].inflight += piece.len();
+                        st.link[i].assign(piece.len(), now);
                         st.link[i].queue.push_back((off, piece.clone()));
                         st.unacked.push_back(Seg { off, data: piece, link: i, sent: None, resent: false });
                         drop(st);
@@ -329,6 +383,7 @@ impl Bundle {
             return false;
         }
         // Back to front, each at the front of its new queue: the lowest offsets go first.
+        let now = Instant::now();
         for &k in moving.iter().rev() {
             let to = choose(&st.link, Some(from), None).expect("checked above");
             let seg = &mut st.unacked[k];
@@ -341,11 +396,12 @@ impl Bundle {
             seg.resent = true;
             let item = (seg.off, seg.data.clone());
             st.link[from].inflight -= len;
-            st.link[to].inflight += len;
+            st.link[to].assign(len, now);
             st.link[to].queue.push_front(item);
             st.stats.resent_bytes += len as u64;
         }
         st.stats.failovers += 1;
+        st.failed_over = true;
         true
     }
 
@@ -378,6 +434,10 @@ impl Bundle {
     fn on_data(&self, i: usize, off: u64, data: Bytes) -> Result<()> {
         let mut st = self.st.lock();
         st.stats.received[i] += data.len() as u64;
+        if !st.rx_dirty {
+            st.rx_dirty = true;
+            self.activity.notify_one();
+        }
         let end = off + data.len() as u64;
         if end <= st.next || data.is_empty() {
             return Ok(()); // a duplicate (sent again after a failover)
@@ -430,6 +490,7 @@ impl Bundle {
     /// Schedules an acknowledgement of everything received on every live link.
     fn owe_ack(&self, st: &mut State) {
         st.ack_sent = st.next;
+        st.rx_dirty = false;
         for (k, l) in st.link.iter_mut().enumerate() {
             if l.alive && !l.ack_due {
                 l.ack_due = true;
@@ -444,11 +505,13 @@ impl Bundle {
         if cum > st.next_off {
             return Err(protocol(self.peer, format!("acknowledgement of {cum} bytes, only {} sent", st.next_off)));
         }
+        let now = Instant::now();
         for (k, b) in reported.chunks_exact(8).enumerate() {
             let n = u64::from_le_bytes(b.try_into().expect("8 bytes"));
             let l = &mut st.link[k];
             if n > l.reported {
                 l.reported = n;
+                l.heard_at = now;
                 if l.suspect {
                     l.suspect = false;
                     tracing::debug!(peer = self.peer, link = k, "suspected link carries data again");
@@ -458,7 +521,6 @@ impl Bundle {
         if cum <= st.acked {
             return Ok(());
         }
-        let now = Instant::now();
         while st.unacked.front().is_some_and(|s| s.end() <= cum) {
             let s = st.unacked.pop_front().expect("checked");
             st.link[s.link].inflight -= s.data.len();
@@ -471,6 +533,14 @@ impl Bundle {
         st.acked = cum;
         let gap = now - st.progress_at;
         st.stats.max_gap = st.stats.max_gap.max(gap);
+        if std::mem::take(&mut st.failed_over) {
+            st.stats.max_failover_gap = st.stats.max_failover_gap.max(gap);
+            if st.stats.failover_log.len() == FAILOVER_LOG {
+                st.stats.failover_log.remove(0);
+            }
+            st.stats.failover_log.push((std::time::SystemTime::now(), gap));
+            tracing::debug!(peer = self.peer, gap_ms = gap.as_millis() as u64, "progress again after a failover");
+        }
         st.progress_at = now;
         st.checked_at = st.checked_at.max(now);
         let (mark, at) = st.rate_mark;
@@ -514,32 +584,56 @@ impl Bundle {
         if late {
             st.checked_at = now;
         }
-        if st.next > st.ack_sent {
+        if st.next > st.ack_sent || st.rx_dirty {
             self.owe_ack(&mut st);
         }
-        let Some(oldest) = st.unacked.front() else {
+        if st.unacked.is_empty() {
             return Tick::Idle;
-        };
-        let waited = now - st.progress_at.max(st.checked_at);
-        if waited > self.stall_limit(&st) {
-            let from = oldest.link;
-            st.checked_at = now;
-            if st.link.iter().enumerate().any(|(k, l)| k != from && l.alive) {
-                st.link[from].suspect = true;
-                let moved: usize = st.unacked.iter().filter(|s| s.link == from).map(|s| s.data.len()).sum();
-                tracing::warn!(
-                    peer = self.peer,
-                    link = from,
-                    waited_ms = waited.as_millis() as u64,
-                    moved,
-                    "link stalled: its segments move to the other links"
-                );
-                Self::reassign(&mut st, from);
-                drop(st);
-                self.wake_all();
-                return Tick::Busy;
-            }
         }
+        // A busy link the peer has reported nothing new from for longer than the
+        // limit, while another, unsuspected, link shows that the peer and the network
+        // still move data (it reported bytes within the limit, or has none to carry).
+        // When every link is silent the peer itself is slow or gone: moving data
+        // would not help, and the peer watchdog judges that. Suspected links are
+        // checked too: they carry data only when no link was trusted.
+        let limit = self.stall_limit(&st);
+        let since = |l: &LinkState| now - l.heard_at.max(st.checked_at);
+        let silent = st
+            .link
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.alive && l.inflight > 0 && since(l) > limit)
+            .max_by_key(|(_, l)| since(l))
+            .map(|(k, _)| k);
+        let Some(from) = silent else { return Tick::Busy };
+        let moving_on = st
+            .link
+            .iter()
+            .enumerate()
+            .any(|(k, l)| k != from && l.alive && !l.suspect && (l.inflight == 0 || since(l) <= limit));
+        if !moving_on {
+            return Tick::Busy;
+        }
+        let waited = since(&st.link[from]);
+        tracing::debug!(
+            peer = self.peer,
+            since_progress_ms = (now - st.progress_at).as_millis() as u64,
+            links = ?st.link.iter().map(|l| (l.alive, l.suspect, l.inflight, since(l).as_millis() as u64, l.queue.len())).collect::<Vec<_>>(),
+            limit_ms = limit.as_millis() as u64,
+            "stall"
+        );
+        st.link[from].suspect = true;
+        let moved: usize = st.unacked.iter().filter(|s| s.link == from).map(|s| s.data.len()).sum();
+        tracing::warn!(
+            peer = self.peer,
+            link = from,
+            waited_ms = waited.as_millis() as u64,
+            moved,
+            "link stalled: its segments move to the other links"
+        );
+        Self::reassign(&mut st, from);
+        drop(st);
+        self.wake_all();
         Tick::Busy
     }
 
@@ -602,12 +696,20 @@ fn chunk(st: &State) -> usize {
     }
 }
 
-/// Unacknowledged bytes one link may hold: twice its share of throughput × round trip.
+/// Unacknowledged bytes one link may hold: its share of the throughput over
+/// [`QUEUE_TIME`] or two of the shortest round trips seen, whichever is longer. It
+/// bounds what waits in the link's socket buffer, and so how long data moved off a
+/// failed link waits behind it, and how late an acknowledgement (which queues behind
+/// data going the other way) comes. The smoothed round trip is not used: it grows
+/// with the very queue the limit builds.
 fn cap(st: &State) -> usize {
     let live = st.link.iter().filter(|l| l.alive && !l.suspect).count().max(1);
-    match (st.rate, st.srtt) {
-        (Some(r), Some(rtt)) => ((2.0 * r * rtt.as_secs_f64()) as usize / live).clamp(MIN_CAP, MAX_CAP),
-        _ => 4 << 20,
+    match (st.rate, st.min_rtt) {
+        (Some(r), Some(rtt)) => {
+            let t = QUEUE_TIME.max(rtt * 2).as_secs_f64();
+            ((r * t) as usize / live).clamp(MIN_CAP, MAX_CAP)
+        }
+        _ => 1 << 20,
     }
 }
 
@@ -787,6 +889,8 @@ pub(crate) async fn monitor(b: Arc<Bundle>) {
             Tick::Idle => {
                 busy = false;
                 activity.await;
+                // Acknowledgements owed for a burst go out together, a tick later.
+                tokio::time::sleep(ACK_TICK).await;
                 last = tokio::time::Instant::now();
             }
             Tick::Busy => {
@@ -818,7 +922,7 @@ mod tests {
     fn links(state: &[(bool, bool, usize)]) -> Vec<LinkState> {
         state
             .iter()
-            .map(|&(alive, suspect, inflight)| LinkState { alive, suspect, inflight, ..LinkState::default() })
+            .map(|&(alive, suspect, inflight)| LinkState { alive, suspect, inflight, ..LinkState::new() })
             .collect()
     }
 

@@ -1,5 +1,6 @@
 //! A rank that dies (SIGKILL) or hangs (SIGSTOP) in the middle of a stream of
-//! allreduces, over TCP, io_uring and shared memory: the three others get a peer-failed error naming
+//! allreduces, over TCP (one connection per peer, and two with `HCOMM_LINKS`), io_uring and shared
+//! memory: the three others get a peer-failed error naming
 //! it within a second, then `shrink()` and complete an allreduce among themselves.
 //!
 //! The ranks are processes: this test binary itself, running the ignored
@@ -88,8 +89,10 @@ fn failure_rank() {
         t => tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
             let mut cfg = hcomm::Config::from_env().unwrap();
             cfg.shm = t == "shm";
+            // "links": TCP with two connections per peer (`HCOMM_LINKS=2`).
+            cfg.links = if t == "links" { 2 } else { 1 };
             let comm = cfg.connect().await.unwrap();
-            assert_eq!(comm.transport_name(), t);
+            assert_eq!(comm.transport_name(), if t == "links" { "tcp" } else { t });
             rank_body(comm, &mode, &stamp).await;
         }),
     }
@@ -179,6 +182,16 @@ fn killed_rank_tcp() {
 #[test]
 fn hung_rank_tcp() {
     detects_within_a_second("tcp", "stop");
+}
+
+#[test]
+fn killed_rank_links() {
+    detects_within_a_second("links", "kill");
+}
+
+#[test]
+fn hung_rank_links() {
+    detects_within_a_second("links", "stop");
 }
 
 #[test]

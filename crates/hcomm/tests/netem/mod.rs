@@ -1,7 +1,9 @@
 //! Emulated hosts for tests: Linux network namespaces joined by a relay in this
 //! process that adds delay, loss, bandwidth limits and cuts per path.
 //!
-//! Each host is a namespace with a TUN device `hc0` holding address 10.78.0.(i+1)/24.
+//! Each host is a namespace with a TUN device `hc0` holding address 10.78.0.(i+1)/24,
+//! and, on a cluster of several *planes* (independent networks, as two NICs on two
+//! switches give), `hcP` holding 10.(78+P).0.(i+1)/24 for plane P.
 //! Every IP packet a host sends to another goes through [`Cluster`]'s relay threads,
 //! which look up the path (source host, destination host), drop the packet if the
 //! path is down or by the path's loss probability, and hand it to the destination's
@@ -56,6 +58,8 @@ struct Packet {
     order: u64,
     to: usize,
     data: Vec<u8>,
+    /// Between the hosts whose deliveries are logged.
+    logged: bool,
 }
 
 impl PartialEq for Packet {
@@ -90,6 +94,10 @@ struct State {
     /// that several paths cross), and when each shared link is free again.
     link_of: Vec<Vec<Option<usize>>>,
     link_busy: Vec<Instant>,
+    /// Hosts whose deliveries between each other (on any plane, either way) are
+    /// logged, and the log.
+    logged: Option<(usize, usize)>,
+    log: Vec<Instant>,
 }
 
 struct Shared {
@@ -100,8 +108,13 @@ struct Shared {
 }
 
 /// A set of emulated hosts. Dropping it stops the relay and deletes the namespaces.
+///
+/// Paths are indexed by *endpoint*: host `h` on plane `p` is endpoint `p * hosts + h`
+/// (plane 0's endpoints are the hosts themselves); packets never cross planes.
 pub struct Cluster {
     names: Vec<String>,
+    hosts: usize,
+    planes: usize,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -117,10 +130,12 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// Opens TUN device `hc0` inside namespace `ns` (on a thread of its own, which enters
-/// the namespace and then ends).
-fn open_tun(ns: &str) -> io::Result<OwnedFd> {
+/// Opens TUN device `name` inside namespace `ns` (on a thread of its own, which
+/// enters the namespace and then ends).
+fn open_tun(ns: &str, name: &str) -> io::Result<OwnedFd> {
     let path = format!("/var/run/netns/{ns}");
+    let name = name.as_bytes().to_vec();
+    assert!(name.len() < 16);
     std::thread::spawn(move || -> io::Result<OwnedFd> {
         let nsf = File::open(path)?;
         // SAFETY: plain system calls on descriptors this function owns; `ifr` is an
@@ -135,7 +150,7 @@ fn open_tun(ns: &str) -> io::Result<OwnedFd> {
             }
             let fd = OwnedFd::from_raw_fd(fd);
             let mut ifr = [0u8; 40];
-            ifr[..3].copy_from_slice(b"hc0");
+            ifr[..name.len()].copy_from_slice(&name);
             let flags: libc::c_short = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
             ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
             if libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, ifr.as_mut_ptr()) != 0 {
@@ -148,16 +163,28 @@ fn open_tun(ns: &str) -> io::Result<OwnedFd> {
     .expect("the namespace thread does not panic")
 }
 
-/// The address of host `i`.
+/// The address of host `i` (on plane 0).
 pub fn host_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(10, 78, 0, i as u8 + 1)
+    plane_ip(0, i)
+}
+
+/// The address of host `i` on plane `p`.
+pub fn plane_ip(p: usize, i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 78 + p as u8, 0, i as u8 + 1)
 }
 
 impl Cluster {
     /// `hosts` namespaces joined by the relay, every path up with no delay or loss.
     /// `Err` says why they cannot be made here (not root, no `ip`, no TUN).
     pub fn new(hosts: usize) -> Result<Cluster, String> {
-        assert!((1..200).contains(&hosts));
+        Cluster::with_planes(hosts, 1)
+    }
+
+    /// `hosts` namespaces joined by `planes` independent networks (TUN devices `hc0`,
+    /// `hc1`, … in each), every path up with no delay or loss.
+    pub fn with_planes(hosts: usize, planes: usize) -> Result<Cluster, String> {
+        assert!((1..200).contains(&hosts) && (1..=8).contains(&planes));
+        let ends = hosts * planes;
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err(String::from("network namespaces need root"));
@@ -166,17 +193,21 @@ impl Cluster {
         let names: Vec<String> = (0..hosts).map(|h| format!("hc{}-{id}-h{h}", std::process::id())).collect();
         let mut cluster = Cluster {
             names: Vec::new(),
+            hosts,
+            planes,
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    paths: vec![vec![Path::default(); hosts]; hosts],
-                    busy_until: vec![vec![Instant::now(); hosts]; hosts],
+                    paths: vec![vec![Path::default(); ends]; ends],
+                    busy_until: vec![vec![Instant::now(); ends]; ends],
                     queue: BinaryHeap::new(),
                     order: 0,
-                    dropped: vec![vec![0; hosts]; hosts],
-                    carried: vec![vec![0; hosts]; hosts],
-                    bytes: vec![vec![0; hosts]; hosts],
-                    link_of: vec![vec![None; hosts]; hosts],
+                    dropped: vec![vec![0; ends]; ends],
+                    carried: vec![vec![0; ends]; ends],
+                    bytes: vec![vec![0; ends]; ends],
+                    link_of: vec![vec![None; ends]; ends],
                     link_busy: Vec::new(),
+                    logged: None,
+                    log: Vec::new(),
                 }),
                 wake: Condvar::new(),
                 stop: AtomicBool::new(false),
@@ -184,19 +215,25 @@ impl Cluster {
             }),
             threads: Vec::new(),
         };
-        let mut devices = Vec::new();
+        // devices[endpoint]: plane by plane.
+        let mut devices: Vec<Option<OwnedFd>> = (0..ends).map(|_| None).collect();
         for (h, ns) in names.iter().enumerate() {
             ip(&["netns", "add", ns])?;
             cluster.names.push(ns.clone());
-            devices.push(open_tun(ns).map_err(|e| format!("cannot open a TUN device in {ns}: {e}"))?);
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", ns, "addr", "add", &format!("{}/24", host_ip(h)), "dev", "hc0"])?;
-            ip(&["-n", ns, "link", "set", "hc0", "up"])?;
+            for p in 0..planes {
+                let dev = format!("hc{p}");
+                let fd = open_tun(ns, &dev).map_err(|e| format!("cannot open a TUN device in {ns}: {e}"))?;
+                devices[p * hosts + h] = Some(fd);
+                ip(&["-n", ns, "addr", "add", &format!("{}/24", plane_ip(p, h)), "dev", &dev])?;
+                ip(&["-n", ns, "link", "set", &dev, "up"])?;
+            }
         }
-        Arc::get_mut(&mut cluster.shared).expect("no thread yet").devices = devices;
-        for h in 0..hosts {
+        Arc::get_mut(&mut cluster.shared).expect("no thread yet").devices =
+            devices.into_iter().map(|d| d.expect("every endpoint opened")).collect();
+        for e in 0..ends {
             let s = cluster.shared.clone();
-            cluster.threads.push(std::thread::spawn(move || receive(&s, h)));
+            cluster.threads.push(std::thread::spawn(move || receive(&s, e, hosts)));
         }
         let s = cluster.shared.clone();
         cluster.threads.push(std::thread::spawn(move || deliver(&s)));
@@ -216,14 +253,49 @@ impl Cluster {
         }
     }
 
-    /// Cuts (or restores) every path of host `h`, both directions.
+    /// Cuts (or restores) every path of host `h`, on every plane, both directions.
     pub fn isolate(&self, h: usize, cut: bool) {
-        let mut st = self.shared.state.lock().unwrap();
-        let n = st.paths.len();
-        for o in 0..n {
-            st.paths[h][o].up = !cut;
-            st.paths[o][h].up = !cut;
+        for p in 0..self.planes {
+            for o in 0..self.hosts {
+                self.cut(p, h, o, cut);
+            }
         }
+    }
+
+    /// Cuts (or restores) the path between hosts `a` and `b` on plane `p`, both
+    /// directions, as a pulled cable would.
+    pub fn cut(&self, p: usize, a: usize, b: usize, cut: bool) {
+        let mut st = self.shared.state.lock().unwrap();
+        let (a, b) = (p * self.hosts + a, p * self.hosts + b);
+        st.paths[a][b].up = !cut;
+        st.paths[b][a].up = !cut;
+    }
+
+    /// Sets the path between hosts `a` and `b` on plane `p`, both directions.
+    pub fn set_path(&self, p: usize, a: usize, b: usize, path: Path) {
+        let mut st = self.shared.state.lock().unwrap();
+        let (a, b) = (p * self.hosts + a, p * self.hosts + b);
+        st.paths[a][b] = path;
+        st.paths[b][a] = path;
+    }
+
+    /// Starts logging when each packet of more than 200 bytes between hosts `a` and `b`
+    /// (on any plane, either way) is delivered; returns the start.
+    pub fn start_delivery_log(&self, a: usize, b: usize) -> Instant {
+        let mut st = self.shared.state.lock().unwrap();
+        st.logged = Some((a, b));
+        st.log.clear();
+        Instant::now()
+    }
+
+    /// The delivery times logged since [`Cluster::start_delivery_log`].
+    pub fn delivery_log(&self) -> Vec<Instant> {
+        self.shared.state.lock().unwrap().log.clone()
+    }
+
+    /// Bytes carried so far from host `a` to host `b` on plane `p`.
+    pub fn plane_bytes(&self, p: usize, a: usize, b: usize) -> u64 {
+        self.bytes(p * self.hosts + a, p * self.hosts + b)
     }
 
     /// Groups the hosts into racks (`rack_of[h]`) joined by a spine: every path between
@@ -286,8 +358,10 @@ impl Drop for Cluster {
     }
 }
 
-/// Reads host `h`'s outgoing packets and queues them on their path.
-fn receive(s: &Shared, h: usize) {
+/// Reads endpoint `h`'s outgoing packets (host `h % hosts` on plane `h / hosts`) and
+/// queues them on their path.
+fn receive(s: &Shared, h: usize, hosts: usize) {
+    let plane = h / hosts;
     let fd = s.devices[h].as_raw_fd();
     let mut buf = vec![0u8; 65536];
     while !s.stop.load(Ordering::Acquire) {
@@ -304,10 +378,11 @@ fn receive(s: &Shared, h: usize) {
         let data = buf[..n as usize].to_vec();
         let dst = Ipv4Addr::new(data[16], data[17], data[18], data[19]).octets();
         let to = usize::from(dst[3]).wrapping_sub(1);
-        let mut st = s.state.lock().unwrap();
-        if dst[..3] != [10, 78, 0] || to >= st.paths.len() || to == h {
+        if dst[..3] != [10, 78 + plane as u8, 0] || to >= hosts || plane * hosts + to == h {
             continue;
         }
+        let to = plane * hosts + to;
+        let mut st = s.state.lock().unwrap();
         let p = st.paths[h][to];
         if !p.up || (p.loss > 0.0 && rand::random::<f64>() < p.loss) {
             st.dropped[h][to] += 1;
@@ -338,7 +413,9 @@ fn receive(s: &Shared, h: usize) {
         };
         st.order += 1;
         let order = st.order;
-        st.queue.push(Packet { at: sent + p.delay, order, to, data });
+        let (ha, hb) = (h % hosts, to % hosts);
+        let logged = data.len() > 200 && st.logged.is_some_and(|(a, b)| (ha, hb) == (a, b) || (ha, hb) == (b, a));
+        st.queue.push(Packet { at: sent + p.delay, order, to, data, logged });
         drop(st);
         s.wake.notify_one();
     }
@@ -358,6 +435,9 @@ fn deliver(s: &Shared) {
                 // the packet, as a full link would.
                 unsafe { libc::write(fd, p.data.as_ptr().cast(), p.data.len()) };
                 st = s.state.lock().unwrap();
+                if p.logged {
+                    st.log.push(Instant::now());
+                }
             }
             Some(p) => {
                 let wait = p.at - now;
