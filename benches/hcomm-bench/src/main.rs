@@ -307,7 +307,15 @@ async fn once<T: LocalTransport>(
         },
         Op::Bw => match comm.rank() {
             0 => {
-                let sends = (0..window).map(|_| comm.send(1, 2, &bufs.bytes));
+                // `send` copies the message when called: a window of large ones is
+                // seconds of copying, so let the transport's tasks (heartbeats
+                // among them) run between the calls, or the peer thinks this rank
+                // hung (a current-thread runtime runs nothing else meanwhile).
+                let mut sends = Vec::with_capacity(window);
+                for _ in 0..window {
+                    sends.push(comm.send(1, 2, &bufs.bytes));
+                    tokio::task::yield_now().await;
+                }
                 futures::future::try_join_all(sends).await?;
                 comm.recv::<u8>(1, 3).await.map(drop)
             }
@@ -593,6 +601,14 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn main() {
     let a = Args::parse();
+    // The library's tracing events (debug logs, warnings) on standard error, filtered
+    // as `RUST_LOG` says.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if a.no_run {
         if a.plot.is_none() || a.with.is_empty() {
             fail("--no-run draws --plot from --with files: give both");

@@ -66,6 +66,8 @@ pub const ACK_TICK: Duration = Duration::from_millis(2);
 /// Bounds of the unacknowledged bytes one link may hold.
 pub const MIN_CAP: usize = 256 << 10;
 pub const MAX_CAP: usize = 16 << 20;
+/// Busy time over which throughput is measured.
+const METER_WINDOW: Duration = Duration::from_millis(10);
 /// The time's worth of throughput a link may hold unacknowledged (see [`cap`]).
 const QUEUE_TIME: Duration = Duration::from_millis(8);
 const MIN_CHUNK: usize = 64 << 10;
@@ -178,9 +180,12 @@ struct State {
     srtt: Option<Duration>,
     /// A failover happened since the last progress.
     failed_over: bool,
-    /// Acknowledged bytes per second, and where its current window started.
+    /// Acknowledged bytes per second of busy time (data outstanding), measured over
+    /// at least [`METER_WINDOW`] of it: the busy time and bytes metered so far, and
+    /// since when the current busy stretch is counted.
     rate: Option<f64>,
-    rate_mark: (Instant, u64),
+    meter: (Duration, u64),
+    busy_from: Instant,
     stats: BundleStats,
     finished: bool,
     // Receiving.
@@ -260,7 +265,8 @@ impl Bundle {
                 srtt: None,
                 rate: None,
                 failed_over: false,
-                rate_mark: (now, 0),
+                meter: (Duration::ZERO, 0),
+                busy_from: now,
                 stats: BundleStats { links: n, alive: n, received: vec![0; n], ..BundleStats::default() },
                 finished: false,
                 next: 0,
@@ -351,7 +357,7 @@ impl Bundle {
                             st.progress_at = now;
                             st.checked_at = now;
                             // Throughput is measured over busy time only.
-                            st.rate_mark = (now, st.acked);
+                            st.busy_from = now;
                             self.activity.notify_one();
                         }
                         let off = st.next_off;
@@ -521,6 +527,7 @@ impl Bundle {
         if cum <= st.acked {
             return Ok(());
         }
+        let newly = cum - st.acked;
         while st.unacked.front().is_some_and(|s| s.end() <= cum) {
             let s = st.unacked.pop_front().expect("checked");
             st.link[s.link].inflight -= s.data.len();
@@ -543,12 +550,14 @@ impl Bundle {
         }
         st.progress_at = now;
         st.checked_at = st.checked_at.max(now);
-        let (mark, at) = st.rate_mark;
-        let window = now - mark;
-        if window >= Duration::from_millis(10) {
-            let r = (cum - at) as f64 / window.as_secs_f64();
+        let busy = now - st.busy_from;
+        st.meter.0 += busy;
+        st.meter.1 += newly;
+        st.busy_from = now;
+        if st.meter.0 >= METER_WINDOW {
+            let r = st.meter.1 as f64 / st.meter.0.as_secs_f64();
             st.rate = Some(st.rate.map_or(r, |old| 0.75 * old + 0.25 * r));
-            st.rate_mark = (now, cum);
+            st.meter = (Duration::ZERO, 0);
         }
         drop(st);
         self.room.notify_waiters();
@@ -592,11 +601,16 @@ impl Bundle {
         }
         // A busy link the peer has reported nothing new from for longer than the
         // limit, while another, unsuspected, link shows that the peer and the network
-        // still move data (it reported bytes within the limit, or has none to carry).
+        // still move data (it reported bytes within the limit, or has none to carry
+        // while the peer is heard from).
         // When every link is silent the peer itself is slow or gone: moving data
         // would not help, and the peer watchdog judges that. Suspected links are
         // checked too: they carry data only when no link was trusted.
         let limit = self.stall_limit(&st);
+        // An idle link shows nothing by itself: it counts only if the peer was heard
+        // from at all (any link) within the limit. A peer whose executor is blocked
+        // sends nothing anywhere, and moving data would not help.
+        let heard = self.links.silence(self.peer) <= limit;
         let since = |l: &LinkState| now - l.heard_at.max(st.checked_at);
         let silent = st
             .link
@@ -610,7 +624,7 @@ impl Bundle {
             .link
             .iter()
             .enumerate()
-            .any(|(k, l)| k != from && l.alive && !l.suspect && (l.inflight == 0 || since(l) <= limit));
+            .any(|(k, l)| k != from && l.alive && !l.suspect && (since(l) <= limit || (l.inflight == 0 && heard)));
         if !moving_on {
             return Tick::Busy;
         }

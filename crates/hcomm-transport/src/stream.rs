@@ -139,6 +139,11 @@ impl Links {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// How long nothing has been read from `peer`.
+    pub(crate) fn silence(&self, peer: Rank) -> Duration {
+        Duration::from_millis(self.now_ms().saturating_sub(self.heard[peer].load(Ordering::Relaxed)))
+    }
+
     pub(crate) fn heard_from(&self, peer: Rank) {
         self.heard[peer].store(self.now_ms(), Ordering::Relaxed);
     }

@@ -1,7 +1,7 @@
 //! A rank that dies (SIGKILL) or hangs (SIGSTOP) in the middle of a stream of
-//! allreduces, over TCP (one connection per peer, and two with `HCOMM_LINKS`), io_uring and shared
-//! memory: the three others get a peer-failed error naming
-//! it within a second, then `shrink()` and complete an allreduce among themselves.
+//! allreduces, over TCP (one connection per peer, and two with `HCOMM_LINKS`),
+//! io_uring and shared memory: the three others get a peer-failed error naming it
+//! within a second, then `shrink()` and complete an allreduce among themselves.
 //!
 //! The ranks are processes: this test binary itself, running the ignored
 //! `failure_rank` function with the environment `hcomm run` would give it. The victim
