@@ -757,7 +757,15 @@ mod tokio_io {
                 loop {
                     match self.half.try_read_buf(&mut (&mut buf).limit(limit)) {
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        res => return (res, buf),
+                        res => {
+                            // A read that never waits never yields: under a steady
+                            // inflow the reader would keep the thread, and this
+                            // rank's writers (its heartbeats among them) would starve
+                            // until the peer judged it hung. Take part in tokio's
+                            // cooperative budget as an awaited read does.
+                            tokio::task::consume_budget().await;
+                            return (res, buf);
+                        }
                     }
                     if start.elapsed() >= self.spin {
                         break;
