@@ -204,6 +204,47 @@ pub fn check_reduce_op<E: Element>(op: ReduceOp) -> Result<()> {
 }
 
 /// Start of part `i` of `total` cut into `parts` near-equal parts.
+/// Tags of the signature agreement's rounds (one per round, far above the
+/// algorithms' own tags).
+const AGREE_TAG: u32 = 0x7fff_ff00;
+
+/// Runs `body` (an operation in which some ranks only send, so that they alone would
+/// never see a peer's different signature) beside a signature agreement, and
+/// returns when both are done.
+///
+/// The agreement is a dissemination exchange of empty messages under the
+/// operation's signature: in round `k` each rank sends to `r + 2^k` and receives
+/// from `r - 2^k` (mod `n`), `ceil(log2 n)` rounds. Every receive compares the
+/// sender's signature with this rank's and stops at a difference. A rank finishes
+/// only after its receives, and those its senders made before sending, which
+/// together form a tree over every rank: so no rank finishes unless every signature
+/// equals its own. A rank that finds a difference fails with a mismatch error and
+/// aborts the operation on the others, which then fail with it too (instead of the
+/// senders returning `Ok`). It runs at the same time as the data, so it adds no
+/// round to an operation of `log2 n` steps or more; the cost is `log2 n` empty
+/// messages per rank.
+pub(crate) async fn agreed<T: LocalTransport, R>(
+    ctx: &OpCtx<'_, T>,
+    body: impl std::future::Future<Output = Result<R>>,
+) -> Result<R> {
+    let n = ctx.size();
+    if n == 1 {
+        return body.await;
+    }
+    let agree = async {
+        let me = ctx.rank();
+        let (mut dist, mut round) = (1, 0);
+        while dist < n {
+            let incoming = ctx.recv((me + n - dist) % n, AGREE_TAG + round);
+            try_join(ctx.send((me + dist) % n, AGREE_TAG + round, bytes::Bytes::new()), incoming).await?;
+            dist <<= 1;
+            round += 1;
+        }
+        Ok(())
+    };
+    try_join(body, agree).await.map(|(r, ())| r)
+}
+
 pub(crate) fn bound(total: usize, parts: usize, i: usize) -> usize {
     (total as u128 * i as u128 / parts as u128) as usize
 }

@@ -3,7 +3,7 @@
 use futures::future::try_join_all;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
-use crate::{OpCtx, check_reduce_op, copy_in, counts_hash, offsets, reduce_in};
+use crate::{OpCtx, agreed, check_reduce_op, copy_in, counts_hash, offsets, reduce_in};
 
 /// Piece size of the pipelined chain broadcast.
 pub const BCAST_CHAIN_CHUNK_BYTES: usize = 256 << 10;
@@ -56,7 +56,7 @@ pub async fn broadcast<T: LocalTransport, E: Element>(
             BcastAlgo::ScatterAllgather => bcast_scatter_allgather(&ctx, buf, root).await,
         }
     };
-    let r = ctx.deadline(body).await;
+    let r = ctx.deadline(agreed(&ctx, body)).await;
     ctx.finish(r)
 }
 
@@ -164,7 +164,7 @@ pub async fn reduce<T: LocalTransport, E: Element>(
         }
         Ok(())
     };
-    let r = ctx.deadline(body).await;
+    let r = ctx.deadline(agreed(&ctx, body)).await;
     ctx.finish(r)
 }
 
@@ -230,7 +230,7 @@ pub async fn gatherv<T: LocalTransport, E: Element>(
         .await?;
         Ok(())
     };
-    let r = ctx.deadline(body).await;
+    let r = ctx.deadline(agreed(&ctx, body)).await;
     ctx.finish(r)
 }
 
@@ -263,7 +263,7 @@ pub async fn scatterv<T: LocalTransport, E: Element>(
             .await?;
         Ok(())
     };
-    let r = ctx.deadline(body).await;
+    let r = ctx.deadline(agreed(&ctx, body)).await;
     ctx.finish(r)
 }
 

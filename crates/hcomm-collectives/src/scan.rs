@@ -3,7 +3,7 @@
 use futures::future::try_join;
 use hcomm_core::{Element, LocalTransport, ReduceOp, Result};
 
-use crate::{OpCtx, check_reduce_op, reduce_in};
+use crate::{OpCtx, agreed, check_reduce_op, reduce_in};
 
 /// Inclusive (`exclusive == false`: rank `r` gets `x_0 op … op x_r`) or exclusive
 /// (rank `r` gets `x_0 op … op x_{r-1}`; rank 0's buffer is left as it was) prefix
@@ -71,6 +71,6 @@ pub async fn scan<T: LocalTransport, E: Element>(
         }
         Ok(())
     };
-    let r = ctx.deadline(body).await;
+    let r = ctx.deadline(agreed(&ctx, body)).await;
     ctx.finish(r)
 }
