@@ -444,6 +444,14 @@ pub struct Tuning {
     /// order over a flat network: the baseline the topology-aware algorithms are
     /// measured against.
     pub topology_aware: bool,
+    /// Rooted collectives and scans check that every rank called them with the same
+    /// arguments, so that a mismatch fails on every rank, the ranks that only send
+    /// included (`HCOMM_CHECK_ARGS`, default on; see `agreed` in this crate). The
+    /// check is `log2 n` empty messages per rank beside the data; it makes each such
+    /// operation wait for every rank, which costs small broadcasts up to twice their
+    /// time on 2 ranks (BENCHMARKS.md). Off, the ranks that receive still find a
+    /// mismatch; the ones that only send return `Ok`.
+    pub check_args: bool,
 }
 
 impl Tuning {
@@ -459,12 +467,13 @@ impl Tuning {
             reduce_scatter: None,
             measured: Measured::default(),
             topology_aware: true,
+            check_args: true,
         }
     }
 
     /// Applies `HCOMM_ALGO_ALLREDUCE`, `HCOMM_ALGO_BROADCAST`, `HCOMM_ALGO_ALLGATHER`,
     /// `HCOMM_ALGO_ALLTOALL`, `HCOMM_ALGO_REDUCE_SCATTER` (an algorithm name or `auto`),
-    /// `HCOMM_REPRODUCIBLE` (`0`/`1`), `HCOMM_TOPO_AWARE` (`0`/`1`), and the cost
+    /// `HCOMM_REPRODUCIBLE`, `HCOMM_TOPO_AWARE`, `HCOMM_CHECK_ARGS` (`0`/`1`), and the cost
     /// parameters `HCOMM_COST_ALPHA_US` (microseconds per message), `HCOMM_COST_GBPS`
     /// (bandwidth of the links between hosts of a rack), `HCOMM_COST_REDUCE_GBPS`,
     /// `HCOMM_COST_HOST_US` / `HCOMM_COST_HOST_GBPS` (links inside a host) and
@@ -496,6 +505,9 @@ impl Tuning {
         }
         if let Some(v) = get("HCOMM_TOPO_AWARE") {
             self.topology_aware = Error::parse_flag("HCOMM_TOPO_AWARE", &v)?;
+        }
+        if let Some(v) = get("HCOMM_CHECK_ARGS") {
+            self.check_args = Error::parse_flag("HCOMM_CHECK_ARGS", &v)?;
         }
         let num = |var: &str| -> Result<Option<f64>> {
             match get(var) {

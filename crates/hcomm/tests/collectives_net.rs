@@ -148,6 +148,23 @@ async fn mismatched_rooted<T: LocalTransport>(comms: &mut [Communicator<T>]) {
     let mut bufs = vec![vec![3u32; 10]; n];
     let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, n - 1))).await;
     res.into_iter().for_each(|r| r.unwrap());
+    // With the check off (`HCOMM_CHECK_ARGS=0`), the rank that receives the other
+    // length still fails; the root, which only sends, returns Ok.
+    for c in comms.iter_mut() {
+        let mut t = c.tuning().clone();
+        t.check_args = false;
+        c.set_tuning(t);
+    }
+    let mut bufs: Vec<Vec<u32>> = (0..n).map(|r| vec![1; if r == n - 1 { 11 } else { 10 }]).collect();
+    let res =
+        join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast_with(b, 0, BcastAlgo::Binomial))).await;
+    assert!(res[0].is_ok(), "{:?}", res[0]);
+    assert!(res[n - 1].as_ref().is_err_and(hcomm::Error::is_mismatch), "{:?}", res[n - 1]);
+    for c in comms.iter_mut() {
+        let mut t = c.tuning().clone();
+        t.check_args = true;
+        c.set_tuning(t);
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
