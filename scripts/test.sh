@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command of the README: the whole cargo test suite, then the ring-allreduce
+# The test command of the README: the whole cargo test suite (and the `tls` feature's
+# tests), then the ring-allreduce
 # example launched for real, as 4 processes by `hcomm run` and by OpenMPI's `mpirun`
 # (HComm taking its ranks from OMPI's environment).
 set -euo pipefail
@@ -7,6 +8,10 @@ cd "$(dirname "$0")/.."
 
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# The opt-in TLS data path (cargo feature `tls`): its unit tests (no plaintext on the
+# wire, another job's key refused) and the suite over encrypted connections.
+cargo test -p hcomm-transport --features tls --lib tls::
+cargo test -p hcomm --features tls --lib --test tls
 
 cargo build --release --bin hcomm --example ring_allreduce
 bin=target/release/hcomm

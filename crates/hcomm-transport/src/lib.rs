@@ -15,6 +15,8 @@ mod framing;
 mod mem;
 pub mod shm;
 mod stream;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use bundle::BundleStats;
 pub use connect::{MeshOptions, connect_mesh, connect_mesh_links};

@@ -83,6 +83,10 @@ pub enum PeerLink<S> {
     Tcp(S),
     Bundle(Vec<S>),
     Shm(ShmPair, tokio::net::TcpStream),
+    /// A TCP connection under TLS (feature `tls`; driven by tokio under either
+    /// backend).
+    #[cfg(feature = "tls")]
+    Tls(Box<tokio_rustls::TlsStream<tokio::net::TcpStream>>),
 }
 
 /// Default of [`StreamOptions::peer_timeout`] (`HCOMM_PEER_TIMEOUT`).
@@ -249,6 +253,8 @@ pub struct StreamTransport {
     shared: Arc<Links>,
     /// The peers reached over several connections.
     bundles: Vec<Option<Arc<Bundle>>>,
+    /// The peers reached over TLS.
+    encrypted: Vec<bool>,
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -335,7 +341,16 @@ impl StreamTransport {
             writer_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             stopped: tokio::sync::Notify::new(),
         });
-        let t = StreamTransport { rank, size, name, mailbox, links, shared, bundles: vec![None; size] };
+        let t = StreamTransport {
+            rank,
+            size,
+            name,
+            mailbox,
+            links,
+            shared,
+            bundles: vec![None; size],
+            encrypted: vec![false; size],
+        };
         (t, rxs)
     }
 
@@ -382,6 +397,8 @@ impl StreamTransport {
                     tasks.others.push(tokio::spawn(wl).abort_handle());
                     tasks
                 }
+                #[cfg(feature = "tls")]
+                PeerLink::Tls(s) => t.spawn_tls(peer, *s, rx, opts.fragment, heartbeat),
                 PeerLink::Shm(pair, s) => {
                     let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
                     let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
@@ -448,6 +465,8 @@ impl StreamTransport {
                     tasks.others.push(tokio_uring::spawn(wl).abort_handle());
                     tasks
                 }
+                #[cfg(feature = "tls")]
+                PeerLink::Tls(s) => t.spawn_tls(peer, *s, rx, opts.fragment, heartbeat),
                 PeerLink::Shm(pair, s) => {
                     let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
                     let r = tokio_uring::spawn(read_loop(rd, peer, t.shared.clone()));
@@ -580,6 +599,24 @@ impl Transport for StreamTransport {
 }
 
 impl StreamTransport {
+    /// Reader and writer of a TLS connection, as tokio tasks (the TLS stream is a tokio
+    /// one under either backend).
+    #[cfg(feature = "tls")]
+    fn spawn_tls(
+        &mut self,
+        peer: Rank,
+        s: tokio_rustls::TlsStream<tokio::net::TcpStream>,
+        rx: mpsc::UnboundedReceiver<Outgoing>,
+        fragment: usize,
+        heartbeat: Option<Duration>,
+    ) -> PeerTasks {
+        self.encrypted[peer] = true;
+        let (rd, wr) = tokio::io::split(s);
+        let r = tokio::spawn(read_loop(tls_io::Read(rd), peer, self.shared.clone()));
+        let w = tokio::spawn(write_loop(tls_io::Write(wr), rx, peer, self.shared.clone(), fragment, heartbeat));
+        PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
+    }
+
     /// The bundle of `streams` to `peer`, registered for [`StreamTransport::link_stats`].
     fn bundle<S: std::os::fd::AsFd>(&mut self, peer: Rank, streams: &[S], opts: &StreamOptions) -> Arc<Bundle> {
         // Duplicates of the sockets, for `break_link` only; without them (out of
@@ -589,6 +626,11 @@ impl StreamTransport {
             Arc::new(Bundle::new(peer, streams.len(), self.shared.clone(), opts.link_stall, fds.unwrap_or_default()));
         self.bundles[peer] = Some(b.clone());
         b
+    }
+
+    /// Whether the connection to `peer` is encrypted (TLS, `HCOMM_TLS=1`).
+    pub fn is_encrypted(&self, peer: Rank) -> bool {
+        self.encrypted.get(peer).copied().unwrap_or(false)
     }
 
     /// What the bundle of connections to `peer` has seen (failovers, resent bytes,
@@ -822,6 +864,43 @@ mod uring_io {
         }
         async fn finish(&mut self) {
             let _ = self.0.shutdown(std::net::Shutdown::Write);
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+mod tls_io {
+    use super::*;
+    use bytes::BufMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+    use tokio_rustls::TlsStream;
+
+    type Tls = TlsStream<tokio::net::TcpStream>;
+
+    pub(super) struct Read(pub ReadHalf<Tls>);
+    pub(super) struct Write(pub WriteHalf<Tls>);
+
+    impl ReadLink for Read {
+        async fn read(&mut self, mut buf: BytesMut, limit: usize) -> (std::io::Result<usize>, BytesMut) {
+            let res = self.0.read_buf(&mut (&mut buf).limit(limit)).await;
+            (res, buf)
+        }
+    }
+
+    impl WriteLink for Write {
+        async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut) {
+            let mut res = self.0.write_all(&batch).await;
+            if let (Ok(()), Some(b)) = (&res, big) {
+                res = self.0.write_all(&b).await;
+            }
+            // TLS holds records back until flushed.
+            if res.is_ok() {
+                res = self.0.flush().await;
+            }
+            (res, batch)
+        }
+        async fn finish(&mut self) {
+            let _ = self.0.shutdown().await;
         }
     }
 }

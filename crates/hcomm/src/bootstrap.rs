@@ -64,6 +64,10 @@ pub struct Config {
     /// `i` to a peer takes path `i % paths` (`HCOMM_LINKS=eth0;eth1`). Empty: one path,
     /// the interface `ifname` chooses.
     pub link_paths: Vec<IfSpec>,
+    /// Encrypt the TCP connections to other hosts with TLS 1.3 (`HCOMM_TLS=1`; needs
+    /// the cargo feature `tls`, see `hcomm_transport::tls`). Peers on this host keep
+    /// shared memory. Not with several connections per peer.
+    pub tls: bool,
     /// Ports the mesh listener may take (`HCOMM_PORT_RANGE=lo-hi`, inclusive);
     /// `None`: any free port.
     pub port_range: Option<(u16, u16)>,
@@ -172,6 +176,7 @@ impl Config {
             ifname: None,
             links: 1,
             link_paths: Vec::new(),
+            tls: false,
             shm: true,
             stream: StreamOptions::default(),
             auto_spin: true,
@@ -240,6 +245,10 @@ impl Config {
         if let Ok(v) = std::env::var("HCOMM_LINKS") {
             (c.links, c.link_paths) = parse_links(&v)?;
         }
+        if let Ok(v) = std::env::var("HCOMM_TLS") {
+            c.tls = Error::parse_flag("HCOMM_TLS", &v)?;
+        }
+        c.check_tls()?;
         if let Some(us) = micros_var("HCOMM_LINK_STALL_US")? {
             c.stream.link_stall = us;
         }
@@ -264,9 +273,10 @@ impl Config {
     /// Dropping the future closes every connection made so far; the job cannot start
     /// without this rank.
     pub async fn connect(self) -> Result<Communicator<StreamTransport>> {
+        self.check_tls()?;
         let (streams, places, keep) = self.rendezvous().await?;
         let hosts = hosts_of(&places);
-        let links = self.shared_memory(streams, &hosts).await?;
+        let links = self.encrypted(self.shared_memory(streams, &hosts).await?).await?;
         let t = StreamTransport::tokio_links(self.rank, links, &self.stream_options(&hosts));
         self.probed(self.finish(t, &places, keep)?).await
     }
@@ -315,10 +325,11 @@ impl Config {
     /// As [`Config::connect`].
     #[cfg(all(feature = "uring", target_os = "linux"))]
     pub async fn connect_uring(self) -> Result<Communicator<StreamTransport>> {
+        self.check_tls()?;
         let (streams, places, keep) = self.rendezvous().await?;
         let hosts = hosts_of(&places);
         let links = self
-            .shared_memory(streams, &hosts)
+            .encrypted(self.shared_memory(streams, &hosts).await?)
             .await?
             .into_iter()
             .map(|l| match l {
@@ -329,12 +340,62 @@ impl Config {
                     .collect::<std::io::Result<Vec<_>>>()
                     .map(|v| Some(PeerLink::Bundle(v))),
                 Some(PeerLink::Shm(p, s)) => Ok(Some(PeerLink::Shm(p, s))),
+                // Driven by tokio tasks under the io_uring runtime too.
+                #[cfg(feature = "tls")]
+                Some(PeerLink::Tls(s)) => Ok(Some(PeerLink::Tls(s))),
                 None => Ok(None),
             })
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| Error::io("handing a socket to io_uring", e))?;
         let t = StreamTransport::uring_links(self.rank, links, &self.stream_options(&hosts));
         self.probed(self.finish(t, &places, keep)?).await
+    }
+
+    /// `tls` is possible: the feature is built in and one connection per peer.
+    fn check_tls(&self) -> Result<()> {
+        if !self.tls {
+            return Ok(());
+        }
+        if !cfg!(feature = "tls") {
+            return Err(Error::config("HCOMM_TLS=1, but this program was built without hcomm's `tls` feature"));
+        }
+        if self.links > 1 {
+            return Err(Error::config("HCOMM_TLS=1 with HCOMM_LINKS above 1 is not supported (yet)"));
+        }
+        Ok(())
+    }
+
+    /// The job's key: from the secret, or else from the job id.
+    fn job_key(&self) -> JobKey {
+        JobKey::from_secret(self.secret.as_deref().unwrap_or(&self.job_id))
+    }
+
+    /// With `tls`, runs TLS over every TCP link (this rank dialed the lower ranks).
+    #[cfg(feature = "tls")]
+    async fn encrypted(&self, links: Vec<Option<PeerLink<TcpStream>>>) -> Result<Vec<Option<PeerLink<TcpStream>>>> {
+        if !self.tls {
+            return Ok(links);
+        }
+        let (rank, key) = (self.rank, self.job_key());
+        let key = &key;
+        futures::future::try_join_all(links.into_iter().enumerate().map(|(peer, l)| async move {
+            match l {
+                Some(PeerLink::Tcp(s)) => {
+                    let tls =
+                        hcomm_transport::tls::secure(s, peer < rank, key, self.connect_timeout).await.map_err(|e| {
+                            boot(rank, format!("TLS with rank {peer} failed")).with_peer(peer).with_source(e)
+                        })?;
+                    Ok(Some(PeerLink::Tls(Box::new(tls))))
+                }
+                other => Ok(other),
+            }
+        }))
+        .await
+    }
+
+    #[cfg(not(feature = "tls"))]
+    async fn encrypted(&self, links: Vec<Option<PeerLink<TcpStream>>>) -> Result<Vec<Option<PeerLink<TcpStream>>>> {
+        Ok(links)
     }
 
     /// `stream`, without the spins if this host is oversubscribed (`auto_spin`).
@@ -392,13 +453,10 @@ impl Config {
         }
         let deadline = Instant::now() + self.connect_timeout;
         let job = job_hash(&self.job_id);
-        let key = match &self.secret {
-            Some(s) => JobKey::from_secret(s),
-            None => {
-                tracing::warn!(rank, "HCOMM_JOB_SECRET is not set: connections prove the job id only");
-                JobKey::from_secret(&self.job_id)
-            }
-        };
+        if self.secret.is_none() {
+            tracing::warn!(rank, "HCOMM_JOB_SECRET is not set: connections prove the job id only");
+        }
+        let key = self.job_key();
         let mut keep = Keep::default();
         if rank == 0 && self.serve_store {
             let bind = self.store_bind_addr().await?;
@@ -596,6 +654,24 @@ mod tests {
         // Explicit spins stay.
         c.auto_spin = false;
         assert_eq!(spins(c.stream_options(&crowded)), default);
+    }
+
+    #[test]
+    fn tls_needs_the_feature_and_one_link() {
+        let mut c = Config::new(0, 2, "127.0.0.1:1");
+        c.tls = true;
+        let built_in = cfg!(feature = "tls");
+        match c.check_tls() {
+            Ok(()) => assert!(built_in),
+            Err(e) => {
+                assert!(!built_in, "{e}");
+                assert!(e.to_string().contains("`tls` feature"), "{e}");
+            }
+        }
+        c.links = 2;
+        assert!(c.check_tls().is_err());
+        c.tls = false;
+        assert!(c.check_tls().is_ok());
     }
 
     #[test]
