@@ -89,6 +89,7 @@ async fn break_one_link(comms: &[Communicator<StreamTransport>], after: Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_link_loses_nothing() {
+    let mut failovers = 0;
     for (k, after) in [Duration::ZERO, Duration::from_millis(2), Duration::from_millis(15)].into_iter().enumerate() {
         let comms = hcomm::local_tcp_with(3, |c| {
             c.links = 2;
@@ -99,7 +100,7 @@ async fn a_broken_link_loses_nothing() {
         break_one_link(&comms, after, k as u64).await;
         let s0 = comms[0].transport().link_stats(1).unwrap();
         assert_eq!(s0.alive, 1, "rank 0's link 0 to rank 1 is gone: {s0:?}");
-        assert!(s0.failovers >= 1, "{s0:?}");
+        failovers += s0.failovers;
         // Rank 1 saw it end too, and both carry on over the other link.
         let s1 = comms[1].transport().link_stats(0).unwrap();
         assert_eq!(s1.alive, 1, "{s1:?}");
@@ -109,6 +110,8 @@ async fn a_broken_link_loses_nothing() {
         }
         println!("link 0 broken after {after:?}: rank 0 moved {} bytes in {} failovers", s0.resent_bytes, s0.failovers);
     }
+    // Broken at once, the link may have held nothing yet; 15 ms into 24 MB it does.
+    assert!(failovers >= 1, "no break found data to move: the test did not test failover");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
