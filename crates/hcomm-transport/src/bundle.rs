@@ -379,7 +379,6 @@ impl Bundle {
     /// Moves every unacknowledged segment of link `from` to the other links, at the
     /// front of their queues. `false` if no other link is alive.
     fn reassign(st: &mut State, from: usize) -> bool {
-        let acked = st.acked;
         st.link[from].queue.clear();
         let moving: Vec<usize> = (0..st.unacked.len()).filter(|&k| st.unacked[k].link == from).collect();
         if moving.is_empty() {
@@ -393,9 +392,6 @@ impl Bundle {
         for &k in moving.iter().rev() {
             let to = choose(&st.link, Some(from), None).expect("checked above");
             let seg = &mut st.unacked[k];
-            if seg.end() <= acked {
-                continue;
-            }
             let len = seg.data.len();
             seg.link = to;
             seg.sent = None;
@@ -462,19 +458,16 @@ impl Bundle {
         let skip = (st.next - off) as usize;
         push(&mut st.asm, &data[skip..], &mut frames)?;
         st.next = end;
-        while let Some(e) = st.ooo.first_entry() {
-            let (o, d) = (*e.key(), e.remove());
+        loop {
+            let next = st.next;
+            let Some(e) = st.ooo.first_entry().filter(|e| *e.key() <= next) else { break };
+            let (o, d) = e.remove_entry();
             let e_end = o + d.len() as u64;
-            if e_end <= st.next {
-                continue;
+            if e_end > st.next {
+                let skip = (st.next - o) as usize;
+                push(&mut st.asm, &d[skip..], &mut frames)?;
+                st.next = e_end;
             }
-            if o > st.next {
-                st.ooo.insert(o, d);
-                break;
-            }
-            let skip = (st.next - o) as usize;
-            push(&mut st.asm, &d[skip..], &mut frames)?;
-            st.next = e_end;
         }
         for f in frames {
             let close = f.header.kind == FrameKind::Close;
@@ -549,7 +542,7 @@ impl Bundle {
             tracing::debug!(peer = self.peer, gap_ms = gap.as_millis() as u64, "progress again after a failover");
         }
         st.progress_at = now;
-        st.checked_at = st.checked_at.max(now);
+        st.checked_at = now;
         let busy = now - st.busy_from;
         st.meter.0 += busy;
         st.meter.1 += newly;
@@ -601,15 +594,13 @@ impl Bundle {
         }
         // A busy link the peer has reported nothing new from for longer than the
         // limit, while another, unsuspected, link shows that the peer and the network
-        // still move data (it reported bytes within the limit, or has none to carry
-        // while the peer is heard from).
-        // When every link is silent the peer itself is slow or gone: moving data
-        // would not help, and the peer watchdog judges that. Suspected links are
-        // checked too: they carry data only when no link was trusted.
+        // still move data: it reported bytes within the limit, or it has none to
+        // carry and the peer was heard from (on any link) within the limit. When
+        // every link is silent, the peer itself is slow or gone (its executor
+        // blocked, say): moving data would not help, and the peer watchdog judges
+        // that. Suspected links are checked too: they carry data only when no link
+        // was trusted.
         let limit = self.stall_limit(&st);
-        // An idle link shows nothing by itself: it counts only if the peer was heard
-        // from at all (any link) within the limit. A peer whose executor is blocked
-        // sends nothing anywhere, and moving data would not help.
         let heard = self.links.silence(self.peer) <= limit;
         let since = |l: &LinkState| now - l.heard_at.max(st.checked_at);
         let silent = st
@@ -628,23 +619,15 @@ impl Bundle {
         if !moving_on {
             return Tick::Busy;
         }
-        let waited = since(&st.link[from]);
-        tracing::debug!(
-            peer = self.peer,
-            since_progress_ms = (now - st.progress_at).as_millis() as u64,
-            links = ?st.link.iter().map(|l| (l.alive, l.suspect, l.inflight, since(l).as_millis() as u64, l.queue.len())).collect::<Vec<_>>(),
-            limit_ms = limit.as_millis() as u64,
-            "stall"
-        );
-        st.link[from].suspect = true;
-        let moved: usize = st.unacked.iter().filter(|s| s.link == from).map(|s| s.data.len()).sum();
         tracing::warn!(
             peer = self.peer,
             link = from,
-            waited_ms = waited.as_millis() as u64,
-            moved,
+            waited_ms = since(&st.link[from]).as_millis() as u64,
+            limit_ms = limit.as_millis() as u64,
+            moved = st.link[from].inflight,
             "link stalled: its segments move to the other links"
         );
+        st.link[from].suspect = true;
         Self::reassign(&mut st, from);
         drop(st);
         self.wake_all();

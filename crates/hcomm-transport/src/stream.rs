@@ -61,10 +61,11 @@ pub struct StreamOptions {
     /// at once. Zero waits at once (no polling at all when idle). MPI libraries poll
     /// for the same reason. Not used by the io_uring backend.
     pub tcp_spin: Duration,
-    /// With several connections per peer ([`PeerLink::Bundle`]): the least time the
-    /// acknowledgements of outstanding data may stall before the link holding the
-    /// oldest missing segment is suspected and its segments move to the other links
-    /// (the limit also grows with the measured round trip; see [`crate::bundle`]).
+    /// With several connections per peer ([`PeerLink::Bundle`]): the least time a
+    /// link holding unacknowledged data may go without the peer reporting new bytes
+    /// on it (while another link still moves data) before it is suspected and its
+    /// segments move to the other links (the limit also grows with the measured round
+    /// trip; see [`crate::bundle`]).
     pub link_stall: Duration,
 }
 

@@ -96,8 +96,7 @@ pub struct Config {
 
 #[derive(Debug, Serialize, Deserialize)]
 struct RankInfo {
-    addr: SocketAddr,
-    /// The listeners of every path (`addr` is the first).
+    /// The rank's listener on every path.
     paths: Vec<SocketAddr>,
     links: usize,
     #[serde(flatten)]
@@ -248,7 +247,6 @@ impl Config {
         if let Ok(v) = std::env::var("HCOMM_TLS") {
             c.tls = Error::parse_flag("HCOMM_TLS", &v)?;
         }
-        c.check_tls()?;
         if let Some(us) = micros_var("HCOMM_LINK_STALL_US")? {
             c.stream.link_stall = us;
         }
@@ -486,7 +484,7 @@ impl Config {
             .map(TcpListener::local_addr)
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| Error::io("listener address", e))?;
-        let me = RankInfo { addr: paths[0], paths, links: self.links, place: self.placement() };
+        let me = RankInfo { paths, links: self.links, place: self.placement() };
         let me = serde_json::to_string(&me).map_err(|e| boot(rank, e.to_string()))?;
         store.set(&format!("rank/{rank}"), &me).await.map_err(|e| e.at_rank(rank))?;
         let keys: Vec<String> = (0..size).map(|r| format!("rank/{r}")).collect();

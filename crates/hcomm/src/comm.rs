@@ -298,8 +298,9 @@ impl<T: LocalTransport> Communicator<T> {
         let mut params = [0f64; 3];
         if me < 2 {
             let peer = 1 - me;
-            let small = self.round_trips(peer, 8, 21, RESERVED_TAGS).await?;
-            let big = self.round_trips(peer, 1 << 20, 5, RESERVED_TAGS + 1).await?;
+            let median = |t: Vec<f64>| t[t.len() / 2];
+            let small = median(self.round_trips(peer, me == 0, 8, 21, RESERVED_TAGS).await?);
+            let big = median(self.round_trips(peer, me == 0, 1 << 20, 5, RESERVED_TAGS + 1).await?);
             let alpha = (small / 2.0).max(1e-7);
             let beta = ((big / 2.0 - alpha) / f64::from(1u32 << 20)).max(1e-12);
             let mut a = vec![1.0f32; 1 << 18];
@@ -356,21 +357,11 @@ impl<T: LocalTransport> Communicator<T> {
         for a in 0..h {
             for b in a + 1..h {
                 if me == leader[a] {
-                    let mut t = Vec::with_capacity(7);
-                    for _ in 0..7 {
-                        let start = std::time::Instant::now();
-                        self.send(leader[b], tag, &[0u64]).await?;
-                        self.recv::<u64>(leader[b], tag).await?;
-                        t.push(start.elapsed().as_secs_f64());
-                    }
                     // The fastest trip: noise only adds.
-                    let best = t.iter().copied().fold(f64::INFINITY, f64::min);
+                    let best = self.round_trips(leader[b], true, 8, 7, tag).await?[0];
                     (rtt[a * h + b], rtt[b * h + a]) = (best, best);
                 } else if me == leader[b] {
-                    for _ in 0..7 {
-                        let got = self.recv::<u64>(leader[a], tag).await?;
-                        self.send(leader[a], tag, &got).await?;
-                    }
+                    self.round_trips(leader[a], false, 8, 7, tag).await?;
                 }
             }
         }
@@ -387,13 +378,14 @@ impl<T: LocalTransport> Communicator<T> {
         Ok(rack.iter().max().map_or(0, |m| m + 1))
     }
 
-    /// Median seconds of one round trip of `bytes` with `peer` (rank 0 starts).
-    async fn round_trips(&self, peer: usize, bytes: usize, reps: usize, tag: Tag) -> Result<f64> {
+    /// Seconds of each of `reps` round trips of `bytes` with `peer`, sorted; this rank
+    /// starts them if `first`, and echoes them otherwise.
+    async fn round_trips(&self, peer: usize, first: bool, bytes: usize, reps: usize, tag: Tag) -> Result<Vec<f64>> {
         let data = vec![0u8; bytes];
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
             let t = std::time::Instant::now();
-            if self.rank() == 0 {
+            if first {
                 self.send(peer, tag, &data).await?;
                 self.recv::<u8>(peer, tag).await?;
             } else {
@@ -403,7 +395,7 @@ impl<T: LocalTransport> Communicator<T> {
             times.push(t.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(times)
     }
 
     /// Reproducible mode: float allreduces reduce every element in rank order

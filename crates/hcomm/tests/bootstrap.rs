@@ -180,7 +180,7 @@ async fn listeners_take_their_ports_from_the_range() {
         .iter()
         .map(|v| {
             let info: serde_json::Value = serde_json::from_str(v).unwrap();
-            info["addr"].as_str().unwrap().parse::<SocketAddr>().unwrap().port()
+            info["paths"][0].as_str().unwrap().parse::<SocketAddr>().unwrap().port()
         })
         .collect();
     ports.sort();
