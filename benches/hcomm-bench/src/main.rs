@@ -1,7 +1,7 @@
 //! `hcomm-bench`: OSU / nccl-tests style measurements of HComm.
 //!
 //! ```text
-//! cargo run --release -p hcomm-bench -- [--ranks 2] [--transport tcp|uring|shm|mem]
+//! cargo run --release -p hcomm-bench -- [--ranks 2] [--transport tcp|uring|shm|mem|rdma]
 //!     [--ops latency,bw,allreduce,broadcast,allgather,reduce_scatter,alltoall]
 //!     [--min 4] [--max 64M] [--iters N] [--warmup N] [--window 64]
 //!     [--algo allreduce=ring] [--csv out.csv] [--json out.json]
@@ -648,7 +648,18 @@ fn main() {
             }
             comm.finalize().await.unwrap_or_else(|e| fail(e));
         }),
-        ("tcp" | "uring" | "shm", false) => {
+        #[cfg(all(feature = "rdma", target_os = "linux"))]
+        ("rdma", true) => runtime().block_on(async {
+            let comm =
+                hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_rdma().await.unwrap_or_else(|e| fail(e));
+            let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
+            if comm.rank() == 0 {
+                eprintln!("# rank 0 registered memory: {:?}", comm.transport().buffer_stats());
+                finish(&a, "processes", rows);
+            }
+            comm.finalize().await.unwrap_or_else(|e| fail(e));
+        }),
+        ("tcp" | "uring" | "shm" | "rdma", false) => {
             let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
             let launch = hcomm::launch::Launch {
                 ranks: a.ranks,
@@ -660,6 +671,8 @@ fn main() {
             let out = runtime().block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
             std::process::exit(out.code);
         }
-        (other, _) => fail(format!("unknown or unavailable transport {other:?} (tcp, uring, shm, mem)")),
+        (other, _) => fail(format!(
+            "unknown or unavailable transport {other:?} (tcp, uring, shm, mem; rdma with the cargo feature `rdma`)"
+        )),
     }
 }

@@ -389,10 +389,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
 
     /// A payload holding `data`, in memory the transport sends cheaply.
     pub fn payload<E: Element>(&self, data: &[E]) -> Bytes {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let mut b = self.g.transport.send_buffer(bytes.len());
-        b.extend_from_slice(bytes);
-        b.freeze()
+        self.g.transport.payload_from(bytemuck::cast_slice(data))
     }
 
     /// Sends `payload` to group rank `to` under `tag`.

@@ -11,6 +11,10 @@
 //!   receives: `rank`, `peer` (world ranks), `op`, `send` (true for sent, false for
 //!   received), `bytes`, `wait_ns` (for a receive, from posting it to the data's
 //!   arrival; 0 for a send).
+//! - target [`BUF_TARGET`], level DEBUG, once per transport with registered memory
+//!   (RDMA) when it closes: `rank`, `transport`, and counters as `u64` fields
+//!   (`eager_sent`, `rendezvous_sent`, `zero_copy_sent`, `copied_bytes`,
+//!   `registered_peak`, `pooled`, `registrations`).
 
 use std::time::Duration;
 
@@ -20,6 +24,36 @@ use crate::OpKind;
 pub const OP_TARGET: &str = "hcomm::op";
 /// Target of the per-message events.
 pub const MSG_TARGET: &str = "hcomm::msg";
+/// Target of the registered-memory report of a closing transport.
+pub const BUF_TARGET: &str = "hcomm::buffers";
+
+/// What a transport with registered memory did with it, reported when it closes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BufferUse {
+    pub eager_sent: u64,
+    pub rendezvous_sent: u64,
+    pub zero_copy_sent: u64,
+    pub copied_bytes: u64,
+    pub registered_peak: u64,
+    pub pooled: u64,
+    pub registrations: u64,
+}
+
+/// Emits the registered-memory report of `rank`'s closing `transport`.
+pub fn buffers(rank: u32, transport: &str, b: BufferUse) {
+    tracing::debug!(
+        target: BUF_TARGET,
+        rank,
+        transport,
+        eager_sent = b.eager_sent,
+        rendezvous_sent = b.rendezvous_sent,
+        zero_copy_sent = b.zero_copy_sent,
+        copied_bytes = b.copied_bytes,
+        registered_peak = b.registered_peak,
+        pooled = b.pooled,
+        registrations = b.registrations,
+    );
+}
 
 /// What one finished operation reports.
 #[derive(Debug, Clone, Copy)]

@@ -49,6 +49,16 @@ pub trait LocalTransport {
         crate::pool::take(len)
     }
 
+    /// A payload holding a copy of `data`, in memory this transport sends cheaply: by
+    /// default a [`send_buffer`](LocalTransport::send_buffer); a transport with
+    /// registered memory (RDMA) copies large payloads into it, so that they go out
+    /// without a second copy.
+    fn payload_from(&self, data: &[u8]) -> Bytes {
+        let mut b = self.send_buffer(data.len());
+        b.extend_from_slice(data);
+        b.freeze()
+    }
+
     /// Sends one message to `peer`. The caller fills the header's matching and
     /// signature fields; the transport sets the framing fields (`msg_id`, `msg_len`,
     /// `offset`, `frag_len`) and the source rank. Messages to one peer are delivered in

@@ -6,6 +6,8 @@
 //!   ([`StreamTransport::uring`], cargo feature `uring`, on by default, Linux only).
 //! - [`shm`]: shared-memory links to peers on the same host, used by
 //!   [`StreamTransport`] in place of their TCP connection (which stays as doorbell).
+//! - `rdma::RdmaTransport` (cargo feature `rdma`, GPL-3.0 through async-rdma): RDMA
+//!   queue pairs to every peer, eager sends and zero-copy rendezvous reads.
 //! - [`connect_mesh`]: the authenticated-by-job handshake and full-mesh connection
 //!   setup that the TCP transports start from.
 
@@ -13,6 +15,8 @@ pub mod bundle;
 mod connect;
 mod framing;
 mod mem;
+#[cfg(all(feature = "rdma", target_os = "linux"))]
+pub mod rdma;
 pub mod shm;
 mod stream;
 #[cfg(feature = "tls")]
@@ -23,6 +27,9 @@ pub use connect::{MeshOptions, connect_mesh, connect_mesh_links};
 pub use mem::MemTransport;
 pub use shm::{ShmOptions, ShmPair};
 pub use stream::{PeerLink, StreamOptions, StreamTransport};
+
+/// Whether this build has the RDMA transport (cargo feature `rdma`).
+pub const HAS_RDMA: bool = cfg!(all(feature = "rdma", target_os = "linux"));
 
 /// Entry points for the fuzz targets in `fuzz/` (not a stable API).
 #[doc(hidden)]

@@ -92,6 +92,10 @@ pub struct Config {
     /// Read the algorithm tuning from the environment (`HCOMM_ALGO_ALLREDUCE`,
     /// `HCOMM_REPRODUCIBLE`, `HCOMM_COST_*`; see `Tuning::with_env`).
     pub tuning_from_env: bool,
+    /// Tuning of the RDMA transport ([`Config::connect_rdma`]): device, port, GID
+    /// index, eager limit, receive depth (`HCOMM_RDMA_*`).
+    #[cfg(all(feature = "rdma", target_os = "linux"))]
+    pub rdma: hcomm_transport::rdma::RdmaOptions,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -185,6 +189,8 @@ impl Config {
             topology: None,
             serve_store: true,
             tuning_from_env: false,
+            #[cfg(all(feature = "rdma", target_os = "linux"))]
+            rdma: hcomm_transport::rdma::RdmaOptions::default(),
         }
     }
 
@@ -253,6 +259,8 @@ impl Config {
         if let Ok(v) = std::env::var("HCOMM_PORT_RANGE") {
             c.port_range = Some(parse_port_range(&v)?);
         }
+        #[cfg(all(feature = "rdma", target_os = "linux"))]
+        rdma_env(&mut c.rdma)?;
         c.tuning_from_env = true;
         // Fail on a bad variable before connecting, not after.
         Tuning::for_transport("tcp").with_env(|k| std::env::var(k).ok())?;
@@ -349,6 +357,31 @@ impl Config {
         self.probed(self.finish(t, &places, keep)?).await
     }
 
+    /// Connects over RDMA (cargo feature `rdma`): every peer through a queue pair on
+    /// the device [`Config::rdma`] names, set up over the authenticated TCP mesh, which
+    /// stays as liveness channel (see `hcomm_transport::rdma`). Shared memory, several
+    /// connections per peer and TLS do not apply. Must run inside a tokio runtime.
+    ///
+    /// # Errors
+    /// As [`Config::connect`], and a bootstrap error if the device cannot be opened or
+    /// a queue pair cannot be connected.
+    ///
+    /// # Cancel safety
+    /// As [`Config::connect`].
+    #[cfg(all(feature = "rdma", target_os = "linux"))]
+    pub async fn connect_rdma(mut self) -> Result<Communicator<hcomm_transport::rdma::RdmaTransport>> {
+        if self.tls || self.links > 1 {
+            return Err(Error::config("the RDMA transport takes neither HCOMM_TLS nor HCOMM_LINKS above 1"));
+        }
+        self.links = 1;
+        let (streams, places, keep) = self.rendezvous().await?;
+        let streams = streams.into_iter().map(|s| s.and_then(|mut v| v.pop())).collect();
+        let mut opts = self.rdma.clone();
+        opts.peer_timeout = self.stream.peer_timeout;
+        let t = hcomm_transport::rdma::RdmaTransport::connect(self.rank, streams, &opts, self.connect_timeout).await?;
+        self.finish(t, &places, keep)
+    }
+
     /// `tls` is possible: the feature is built in and one connection per peer.
     fn check_tls(&self) -> Result<()> {
         if !self.tls {
@@ -409,7 +442,7 @@ impl Config {
         o
     }
 
-    fn finish(&self, t: StreamTransport, places: &[Placement], keep: Keep) -> Result<Communicator<StreamTransport>> {
+    fn finish<T: LocalTransport>(&self, t: T, places: &[Placement], keep: Keep) -> Result<Communicator<T>> {
         let mut group = Group::world(Arc::new(t), 0, Topology::from_placements(places), self.timeout)?;
         group.set_stall_warn(self.stall_warn);
         if self.tuning_from_env {
@@ -535,6 +568,41 @@ impl Config {
 }
 
 /// Starts a store on loopback and the configurations of `n` ranks that use it.
+/// `HCOMM_RDMA_DEVICE`, `HCOMM_RDMA_PORT`, `HCOMM_RDMA_GID_INDEX`,
+/// `HCOMM_RDMA_EAGER` (bytes, `16K`), `HCOMM_RDMA_RECV_DEPTH` into `o`.
+#[cfg(all(feature = "rdma", target_os = "linux"))]
+fn rdma_env(o: &mut hcomm_transport::rdma::RdmaOptions) -> Result<()> {
+    fn number<T>(var: &str, lo: T, hi: T) -> Result<Option<T>>
+    where
+        T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+    {
+        let Ok(v) = std::env::var(var) else { return Ok(None) };
+        match v.trim().parse::<T>() {
+            Ok(n) if n >= lo && n <= hi => Ok(Some(n)),
+            _ => Err(Error::config(format!("{var}={v:?}: expected a number from {lo} to {hi}"))),
+        }
+    }
+    if let Ok(d) = std::env::var("HCOMM_RDMA_DEVICE") {
+        o.device = Some(d.trim().to_string()).filter(|d| !d.is_empty());
+    }
+    if let Some(p) = number("HCOMM_RDMA_PORT", 1u8, 255)? {
+        o.port = p;
+    }
+    if let Some(g) = number("HCOMM_RDMA_GID_INDEX", 0usize, 255)? {
+        o.gid_index = g;
+    }
+    if let Some(e) = crate::env::size_var("HCOMM_RDMA_EAGER")? {
+        if !(64..=1 << 20).contains(&e) {
+            return Err(Error::config(format!("HCOMM_RDMA_EAGER={e} is outside 64..1M")));
+        }
+        o.eager = e;
+    }
+    if let Some(d) = number("HCOMM_RDMA_RECV_DEPTH", 2usize, 4096)? {
+        o.recv_depth = d;
+    }
+    Ok(())
+}
+
 pub(crate) async fn local_configs(n: usize) -> Result<(StoreServer, Vec<Config>)> {
     let job_id = format!("local-{:016x}", rand::random::<u64>());
     let secret = hcomm_core::auth::hex(&JobKey::nonce());

@@ -538,10 +538,8 @@ impl<T: LocalTransport> Communicator<T> {
         tag: Tag,
         data: &[E],
     ) -> impl Future<Output = Result<()>> + use<'c, T, E> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let mut buf = self.group.transport().send_buffer(bytes.len());
-        buf.extend_from_slice(bytes);
-        self.send_payload(dst, tag, p2p_signature(E::DTYPE, data.len()), buf.freeze())
+        let payload = self.group.transport().payload_from(bytemuck::cast_slice(data));
+        self.send_payload(dst, tag, p2p_signature(E::DTYPE, data.len()), payload)
     }
 
     /// Sends `payload` to rank `dst` under `tag` without copying it: the transport

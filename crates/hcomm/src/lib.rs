@@ -62,7 +62,10 @@ pub use hcomm_core::{
     DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
 };
 pub use hcomm_topology::{Grid, Level, Placement, Topology, TopologyFile};
-pub use hcomm_transport::{BundleStats, HAS_URING, MemTransport, StreamOptions, StreamTransport};
+/// The RDMA transport (cargo feature `rdma`).
+#[cfg(all(feature = "rdma", target_os = "linux"))]
+pub use hcomm_transport::rdma::{RdmaBufferStats, RdmaOptions, RdmaTransport};
+pub use hcomm_transport::{BundleStats, HAS_RDMA, HAS_URING, MemTransport, StreamOptions, StreamTransport};
 pub use tune::{TuneOptions, round_order, tune_sizes};
 
 use std::sync::Arc;
@@ -146,6 +149,24 @@ pub async fn local_tcp_with(n: usize, adjust: impl Fn(&mut Config)) -> Result<Ve
 /// As [`Config::connect`].
 pub async fn local_shm(n: usize) -> Result<Vec<Communicator<StreamTransport>>> {
     local_tcp_with(n, |c| c.shm = true).await
+}
+
+/// `n` communicators of one job in this process, connected over RDMA (cargo feature
+/// `rdma`; needs an RDMA device, soft-RoCE will do), each configuration first changed
+/// by `adjust`. Must run inside a tokio runtime.
+///
+/// # Errors
+/// As [`Config::connect_rdma`].
+#[cfg(all(feature = "rdma", target_os = "linux"))]
+pub async fn local_rdma_with(
+    n: usize,
+    adjust: impl Fn(&mut Config),
+) -> Result<Vec<Communicator<hcomm_transport::rdma::RdmaTransport>>> {
+    stats::install_from_env()?;
+    let (store, mut configs) = bootstrap::local_configs(n).await?;
+    configs.iter_mut().for_each(&adjust);
+    let comms = futures::future::try_join_all(configs.into_iter().map(Config::connect_rdma)).await?;
+    Ok(bootstrap::attach_store(comms, store))
 }
 
 /// `n` communicators of one job in this process, connected over loopback TCP driven

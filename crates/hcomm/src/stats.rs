@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
-use hcomm_core::events::{MSG_TARGET, OP_TARGET};
+use hcomm_core::events::{BUF_TARGET, MSG_TARGET, OP_TARGET};
 use hcomm_core::{Error, OpKind, Result};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -96,6 +96,11 @@ pub struct RankStats {
     /// Level 2: the peers this rank waited for longest, most first (up to 5).
     #[serde(default)]
     pub hot_peers: Vec<(u32, u64)>,
+    /// Registered memory of an RDMA transport, reported when it closed: eager and
+    /// rendezvous messages sent, zero-copy sends, bytes copied into registered
+    /// memory, peak registered bytes, bytes pooled, registrations.
+    #[serde(default)]
+    pub buffers: BTreeMap<String, u64>,
 }
 
 impl RankStats {
@@ -199,7 +204,10 @@ pub struct StatsFilter {
 
 impl StatsFilter {
     fn wants(&self, meta: &Metadata<'_>) -> bool {
-        meta.is_event() && (meta.target() == OP_TARGET || (self.level >= 2 && meta.target() == MSG_TARGET))
+        meta.is_event()
+            && (meta.target() == OP_TARGET
+                || meta.target() == BUF_TARGET
+                || (self.level >= 2 && meta.target() == MSG_TARGET))
     }
 }
 
@@ -299,6 +307,30 @@ impl Visit for Fields {
     fn record_debug(&mut self, _f: &Field, _v: &dyn std::fmt::Debug) {}
 }
 
+/// The `u64` fields of a registered-memory report, by name.
+#[derive(Default)]
+struct Counters {
+    rank: u32,
+    values: BTreeMap<String, u64>,
+}
+
+impl Visit for Counters {
+    fn record_u64(&mut self, f: &Field, v: u64) {
+        match f.name() {
+            "rank" => self.rank = v as u32,
+            name => {
+                self.values.insert(name.to_string(), v);
+            }
+        }
+    }
+
+    fn record_i64(&mut self, f: &Field, v: i64) {
+        self.record_u64(f, v.max(0) as u64);
+    }
+
+    fn record_debug(&mut self, _f: &Field, _v: &dyn std::fmt::Debug) {}
+}
+
 fn size_bucket(bytes: u64) -> i32 {
     if bytes == 0 { -1 } else { 63 - bytes.leading_zeros() as i32 }
 }
@@ -307,6 +339,15 @@ impl<S: Subscriber> Layer<S> for StatsLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
         let meta = event.metadata();
         let level = self.sink.config.level;
+        if meta.target() == BUF_TARGET {
+            let mut b = Counters::default();
+            event.record(&mut b);
+            let rank = b.rank;
+            let mut ranks = self.sink.ranks.lock();
+            let st = ranks.entry(rank).or_insert_with(|| RankStats { rank, level, ..RankStats::default() });
+            st.buffers.extend(b.values);
+            return;
+        }
         if meta.target() != OP_TARGET && meta.target() != MSG_TARGET {
             return;
         }
@@ -390,6 +431,10 @@ pub fn summary(st: &RankStats) -> String {
             us(a.max_ns),
             a.bytes
         );
+    }
+    if !st.buffers.is_empty() {
+        let cells: Vec<String> = st.buffers.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "  registered memory: {}", cells.join(" "));
     }
     if st.level >= 2 {
         for (op, h) in &st.sizes {
