@@ -93,6 +93,27 @@ pub async fn init() -> Result<Communicator> {
     Ok(comm)
 }
 
+/// As [`init`], over RDMA ([`Config::connect_rdma`], cargo feature `rdma`): connects
+/// this process to its job from the launcher's environment, with `HCOMM_STATS` and
+/// `HCOMM_TUNE` as `init` takes them.
+///
+/// # Errors
+/// As [`init`], and a bootstrap error if the RDMA device cannot be opened or a queue
+/// pair cannot be connected.
+///
+/// # Cancel safety
+/// As [`init`].
+#[cfg(all(feature = "rdma", target_os = "linux"))]
+pub async fn init_rdma() -> Result<Communicator<hcomm_transport::rdma::RdmaTransport>> {
+    stats::install_from_env()?;
+    let tune = tune::options_from_env(|k| std::env::var(k).ok())?;
+    let mut comm = Config::from_env()?.connect_rdma().await?;
+    if let Some(opts) = tune {
+        comm.tune(&opts).await?;
+    }
+    Ok(comm)
+}
+
 /// `n` communicators of one job in this process over the in-process transport: rank
 /// `i` is element `i`. Drive them from tasks or join their futures.
 pub fn local(n: usize) -> Vec<Communicator<MemTransport>> {

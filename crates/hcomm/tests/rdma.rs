@@ -52,6 +52,38 @@ fn point_to_point_sizes() {
     });
 }
 
+/// Dropped futures never let the device touch the application's memory: a receive
+/// into a buffer dropped before its 4 MiB message arrives leaves the buffer as the
+/// application wrote it afterwards (the rendezvous read lands in the transport's own
+/// registered memory), and the message goes to the next receive; a send dropped at
+/// once still delivers (it was queued at the call), from memory the transport holds.
+#[test]
+fn dropped_futures_leave_application_memory_alone() {
+    runtime().block_on(async {
+        let comms = rdma(2).await;
+        let len = 1 << 20;
+        let data: Vec<u32> = (0..len as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let mut buf = vec![0u32; len];
+        {
+            let recv = comms[1].recv_into(0, 9, &mut buf);
+            futures::pin_mut!(recv);
+            assert!(futures::poll!(recv.as_mut()).is_pending());
+        }
+        buf.fill(7);
+        {
+            let send = comms[0].send(1, 9, &data);
+            futures::pin_mut!(send);
+            let _ = futures::poll!(send.as_mut());
+        }
+        let got: Vec<u32> = comms[1].recv(0, 9).await.unwrap();
+        assert!(got == data, "the message of the dropped send arrived intact");
+        assert!(buf.iter().all(|&x| x == 7), "the dropped receive's buffer was not written");
+        for r in futures::future::join_all(comms.into_iter().map(Communicator::finalize)).await {
+            r.unwrap();
+        }
+    });
+}
+
 /// Allreduce, broadcast, allgather and alltoall over 2 and 4 ranks against the
 /// sequential reference.
 #[test]
@@ -88,9 +120,8 @@ const VICTIM: usize = 2;
 #[ignore = "a rank of killed_peer_fails_not_hangs, started by it"]
 fn rdma_rank() {
     runtime().block_on(async {
-        let mut cfg = hcomm::Config::from_env().unwrap();
-        cfg.timeout = Duration::from_secs(60);
-        let comm = cfg.connect_rdma().await.unwrap();
+        // HCOMM_TIMEOUT=60 (set by the parent) bounds every operation.
+        let comm = hcomm::init_rdma().await.unwrap();
         let r = comm.rank();
         if std::env::var("RDMA_MODE").as_deref() == Ok("stats") {
             // Eager and rendezvous traffic, then a clean end: the statistics file
@@ -142,6 +173,7 @@ fn spawn_ranks(job: &str, env: &[(&str, String)]) -> Vec<std::process::Child> {
                 .env("HCOMM_JOB_ID", job)
                 .env("HCOMM_JOB_SECRET", "rdma test")
                 .env("HCOMM_PEER_TIMEOUT", "10")
+                .env("HCOMM_TIMEOUT", "60")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             for (k, v) in env {
