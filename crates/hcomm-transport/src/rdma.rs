@@ -370,7 +370,12 @@ impl RdmaTransport {
             // without limit (7) rather than failed; a dead peer is noticed by its
             // liveness connection and by the transport retry limit.
             .set_rnr_retry(7)
-            .set_min_rnr_timer(1);
+            .set_min_rnr_timer(1)
+            // async-rdma's completion task re-arms the completion queue's notification
+            // after its last poll without polling again, so a completion that lands in
+            // between waits for this timeout (100 ms by default) before it is seen;
+            // 5 ms bounds that stall at the price of an idle poll every 5 ms.
+            .set_cc_evnet_timeout(Duration::from_millis(5));
         if let Some(d) = &opts.device {
             b = b.set_dev(d);
         }
