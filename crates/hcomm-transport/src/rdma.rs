@@ -20,7 +20,7 @@
 //! [`RdmaOptions::eager`] bytes of payload):
 //! - **eager**: messages up to [`RdmaOptions::eager`] bytes travel inside the send (the
 //!   sender copies them into a registered bounce buffer, the receiver copies them out
-//!   and posts the buffer again);
+//!   and its buffer goes back to the pool, from which the next receive is posted);
 //! - **rendezvous**: a larger message is announced by a send carrying the address, length
 //!   and key of registered memory that holds it; the receiver reads it with RDMA reads
 //!   straight into registered memory of its own, which it hands to the application as
@@ -29,6 +29,14 @@
 //!   ([`LocalTransport::send_buffer`](hcomm_core::LocalTransport::send_buffer) hands
 //!   such buffers out) is announced as it is; any other is copied once into a
 //!   registered buffer first.
+//!
+//! # Registered memory
+//! Every region (send bounce buffers, receive buffers, rendezvous sources and
+//! destinations) comes from a pool of registered regions by power-of-two size class;
+//! a region is registered with the device only when the pool has none of its class,
+//! and the pool keeps up to 256 MiB. The default of [`RdmaOptions::eager`] (16 KiB)
+//! was measured in the soft-RoCE guest (`BENCHMARKS.md`): larger limits made small
+//! messages slower than the eager path made the 32–64 KiB ones faster.
 //!
 //! # Cancel safety
 //! No RDMA operation ever touches memory the application holds: payloads are owned
@@ -936,11 +944,26 @@ async fn post(mut f: Posted) -> Option<Posted> {
     }
 }
 
-type Received = Pin<Box<dyn Future<Output = std::io::Result<LocalMr>> + Send>>;
+type Received = Pin<Box<dyn Future<Output = (std::io::Result<Option<u32>>, Reg)> + Send>>;
 type Delivery = Pin<Box<dyn Future<Output = std::result::Result<Option<Frame>, String>> + Send>>;
+
+/// Posts a receive into a pooled region of `len` bytes (the first poll posts it).
+async fn post_receive(shared: &Arc<Shared>, qp: &Arc<async_rdma::Rdma>, len: usize) -> std::io::Result<Received> {
+    let mut buf = shared.alloc(len)?;
+    let qp = qp.clone();
+    let mut f: Received = Box::pin(async move {
+        let r = qp.receive_raw_into(&mut *buf).await;
+        (r, buf)
+    });
+    // Receives complete in the order they were posted: post now, in order.
+    let _ = futures::poll!(f.as_mut());
+    Ok(f)
+}
 
 /// Keeps `depth` receives posted for `peer` and delivers its messages in order; the
 /// reads of rendezvous messages run concurrently, their deliveries stay in order.
+/// Receive buffers come from the pool and go back to it once parsed: no
+/// registration per message.
 #[allow(clippy::too_many_arguments)]
 async fn recv_loop(
     shared: Arc<Shared>,
@@ -951,20 +974,17 @@ async fn recv_loop(
     fins: mpsc::UnboundedSender<Fin>,
     posted: Arc<Notify>,
 ) {
-    let layout = match Layout::from_size_align(PREFIX + HEADER_LEN + eager.max(TOKEN_LEN), 64) {
-        Ok(l) => l,
-        Err(_) => return,
-    };
-    let recv = |qp: &Arc<async_rdma::Rdma>| -> Received {
-        let qp = qp.clone();
-        Box::pin(async move { qp.receive_raw(layout).await })
-    };
+    let len = PREFIX + HEADER_LEN + eager.max(TOKEN_LEN);
     let mut receives: FuturesOrdered<Received> = FuturesOrdered::new();
     for _ in 0..depth {
-        let mut f = recv(&qp);
-        // The first poll posts the receive; completions come in posting order.
-        let _ = futures::poll!(f.as_mut());
-        receives.push_back(f);
+        match post_receive(&shared, &qp, len).await {
+            Ok(f) => receives.push_back(f),
+            Err(e) => {
+                shared.fail(peer, &format!("no registered memory for receives: {e}"));
+                posted.notify_one();
+                return;
+            }
+        }
     }
     posted.notify_one();
     let mut deliveries: FuturesOrdered<Delivery> = FuturesOrdered::new();
@@ -986,17 +1006,15 @@ async fn recv_loop(
                 Ok(None) => {}
                 Err(e) => { shared.fail(peer, &e); return; }
             },
-            Some(r) = receives.next() => {
-                let mr = match r {
-                    Ok(mr) => mr,
-                    Err(e) => {
-                        shared.fail(peer, &format!("RDMA receive failed: {e}"));
-                        return;
-                    }
-                };
-                let mut f = recv(&qp);
-                let _ = futures::poll!(f.as_mut());
-                receives.push_back(f);
+            Some((r, mr)) = receives.next() => {
+                if let Err(e) = r {
+                    shared.fail(peer, &format!("RDMA receive failed: {e}"));
+                    return;
+                }
+                match post_receive(&shared, &qp, len).await {
+                    Ok(f) => receives.push_back(f),
+                    Err(e) => { shared.fail(peer, &format!("no registered memory for receives: {e}")); return; }
+                }
                 match parse(&shared, &qp, peer, &mr, eager, &mut expect, &fins) {
                     Ok(Some(d)) => deliveries.push_back(d),
                     Ok(None) => {}
