@@ -306,6 +306,12 @@ impl<T: LocalTransport> Group<T> {
 
     /// Applies the group's deadline to a point-to-point operation.
     pub async fn p2p_deadline<R>(&self, op: OpKind, peer: usize, fut: impl Future<Output = Result<R>>) -> Result<R> {
+        let mut fut = std::pin::pin!(fut);
+        // Ready at once (a message already there, a send written straight into a
+        // shared-memory ring): no timer to arm.
+        if let std::task::Poll::Ready(r) = futures::poll!(fut.as_mut()) {
+            return r.map_err(|e| e.in_op(op, None).at_rank(self.me));
+        }
         let r = match tokio::time::timeout(self.timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(ErrorKind::Timeout, format!("no matching message within {:?}", self.timeout))
@@ -417,7 +423,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         let key = MatchKey { src, comm: self.g.comm, seq: self.seq, tag };
         let fut = self.g.transport.mailbox().recv(key);
         *self.waiting.lock().entry(from).or_insert(0) += 1;
-        let posted = Instant::now();
+        let posted = events::Stopwatch::start();
         async move {
             // A failed receive leaves its entry: this rank is still waiting for `from`.
             let frame = fut.await?;

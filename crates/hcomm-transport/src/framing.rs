@@ -60,6 +60,8 @@ pub(crate) struct WriteQueue {
     pending: VecDeque<Outgoing>,
     active: VecDeque<Active>,
     finished: Vec<oneshot::Sender<Result<()>>>,
+    /// Messages whose last fragment went into the current batch.
+    completed: usize,
     next_msg_id: u64,
     fragment: usize,
 }
@@ -70,6 +72,7 @@ impl WriteQueue {
             pending: VecDeque::new(),
             active: VecDeque::new(),
             finished: Vec::new(),
+            completed: 0,
             next_msg_id: 0,
             fragment: fragment.max(1),
         }
@@ -119,6 +122,7 @@ impl WriteQueue {
             let frag = a.payload.slice(a.offset..a.offset + n);
             a.offset += n;
             if a.offset == a.payload.len() {
+                self.completed += 1;
                 self.finished.extend(a.done.take());
             } else {
                 self.active.push_back(a);
@@ -134,11 +138,12 @@ impl WriteQueue {
     }
 
     /// Everything returned by the last `fill` was written: completes the messages
-    /// whose last fragment was in it.
-    pub fn written(&mut self) {
+    /// whose last fragment was in it; returns how many there were.
+    pub fn written(&mut self) -> usize {
         for tx in self.finished.drain(..) {
             let _ = tx.send(Ok(()));
         }
+        std::mem::take(&mut self.completed)
     }
 
     /// The connection broke: fails every message not yet completed.

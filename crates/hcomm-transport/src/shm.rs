@@ -17,6 +17,19 @@
 //! still holds before reporting the end, so a close frame written just before is not
 //! mistaken for a crash.
 //!
+//! Two shortcuts spare small messages the hand-overs between tasks (each costs a trip
+//! through the executor, microseconds on a busy machine):
+//!
+//! - *Direct sends* ([`ShmOut::send`]): a send of up to 64 KiB whose writer task holds
+//!   nothing writes its frame into the ring itself, at the call, and completes at
+//!   once. A counter of the messages the writer task holds, under the same lock,
+//!   keeps the order: while it is not zero, sends queue behind them.
+//! - *Receives that poll* ([`ShmInbox`], [`hcomm_core::mailbox::Progress`]): the
+//!   parser of the ring sits behind a lock that the reader task and a waiting receive
+//!   both try, so a receive whose peer is reached this way reads the ring whenever it
+//!   is polled, and, with [`ShmOptions::poll`] (`HCOMM_SHM_POLL_US`), keeps polling
+//!   inside its poll for that long, as a blocking MPI receive does.
+//!
 //! Setup ([`negotiate`]) runs over the connection once the mesh stands: each side
 //! creates its outgoing ring (`O_EXCL`, mode 0600), sends the file's name, maps the
 //! peer's, and both confirm; each then unlinks the file it created, so nothing stays
@@ -38,7 +51,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::stream::{ReadLink, WriteLink};
+use hcomm_core::Rank;
+use hcomm_core::wire::HEADER_LEN;
+use parking_lot::Mutex;
+
+use crate::framing::{Assembler, Outgoing};
+use crate::stream::{Links, WriteLink, deliver_all, unannounced_eof};
 
 /// Directory of the ring files.
 const DIR: &str = "/dev/shm";
@@ -66,6 +84,10 @@ struct Ring {
     _map: MmapMut,
     base: *mut u8,
     cap: usize,
+    /// The writer's last reading of the reader's counter: room is computed from it,
+    /// and the shared counter (whose cache line the reader writes on every read) is
+    /// read again only when that room is not enough.
+    tail_seen: AtomicU64,
 }
 
 // SAFETY: the mapping lives as long as the `Ring`; the counters are atomics and the
@@ -84,7 +106,7 @@ impl Ring {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "ring file of the wrong size"));
         }
         let base = map.as_mut_ptr();
-        Ok(Ring { _map: map, base, cap })
+        Ok(Ring { _map: map, base, cap, tail_seen: AtomicU64::new(0) })
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -99,28 +121,56 @@ impl Ring {
     }
 
     fn readable(&self) -> usize {
-        (self.u64_at(HEAD).load(Ordering::Acquire) - self.u64_at(TAIL).load(Ordering::Relaxed)) as usize
+        // The reader's counter first: a receive that polls may ask while the holder
+        // of the reading side advances it, and the writer's counter, read after, is
+        // then at least as far.
+        let tail = self.u64_at(TAIL).load(Ordering::Acquire);
+        (self.u64_at(HEAD).load(Ordering::Acquire) - tail) as usize
     }
 
     fn writable(&self) -> usize {
-        self.cap - (self.u64_at(HEAD).load(Ordering::Relaxed) - self.u64_at(TAIL).load(Ordering::Acquire)) as usize
+        self.room(usize::MAX)
+    }
+
+    /// Writer: the room in the ring, read afresh from the reader's counter only if
+    /// the last reading leaves less than `need`.
+    fn room(&self, need: usize) -> usize {
+        let head = self.u64_at(HEAD).load(Ordering::Relaxed);
+        let room = self.cap - (head - self.tail_seen.load(Ordering::Relaxed)) as usize;
+        if room >= need {
+            return room;
+        }
+        let tail = self.u64_at(TAIL).load(Ordering::Acquire);
+        self.tail_seen.store(tail, Ordering::Relaxed);
+        self.cap - (head - tail) as usize
     }
 
     /// Writer: copies as much of `src` as fits; returns how much.
     fn push(&self, src: &[u8]) -> usize {
-        let head = self.u64_at(HEAD).load(Ordering::Relaxed);
-        let n = self.writable().min(src.len());
-        let at = (head % self.cap as u64) as usize;
-        let first = n.min(self.cap - at);
-        // SAFETY: both pieces lie in the data region, in the part the reader has
-        // released (`writable`), and `src` is a separate allocation.
-        unsafe {
-            let data = self.base.add(HDR);
-            std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), first);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, n - first);
-        }
-        self.u64_at(HEAD).store(head + n as u64, Ordering::Release);
+        let n = self.room(src.len()).min(src.len());
+        self.push_parts(&[&src[..n]]);
         n
+    }
+
+    /// Writer: copies `parts` one after the other and publishes them together; the
+    /// caller has checked that they fit ([`Ring::writable`]).
+    fn push_parts(&self, parts: &[&[u8]]) {
+        let mut head = self.u64_at(HEAD).load(Ordering::Relaxed);
+        for src in parts {
+            let n = src.len();
+            let at = (head % self.cap as u64) as usize;
+            let first = n.min(self.cap - at);
+            // SAFETY: both pieces lie in the data region, in the part the reader has
+            // released (the caller checked `writable`), and `src` is a separate
+            // allocation.
+            unsafe {
+                let data = self.base.add(HDR);
+                std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), first);
+                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, n - first);
+            }
+            head += n as u64;
+        }
+        self.u64_at(HEAD).store(head, Ordering::Release);
     }
 
     /// Reader: copies up to `len` bytes to `dst`; returns how many.
@@ -163,11 +213,18 @@ pub struct ShmOptions {
     pub ring: usize,
     /// How long a side with nothing to do spins before it parks.
     pub spin: Duration,
+    /// How long a receive from a shared-memory peer keeps polling the ring inside
+    /// one poll of its future, holding the thread, before it returns `Pending` and
+    /// waits to be woken (`HCOMM_SHM_POLL_US`; zero, the default: no such spin, the
+    /// receive polls the ring once whenever it is polled). Lowers small-message
+    /// latency to what a polling MPI library gets, at the price of the other tasks of
+    /// that thread waiting up to this long.
+    pub poll: Duration,
 }
 
 impl Default for ShmOptions {
     fn default() -> ShmOptions {
-        ShmOptions { ring: DEFAULT_RING, spin: DEFAULT_SPIN }
+        ShmOptions { ring: DEFAULT_RING, spin: DEFAULT_SPIN, poll: Duration::ZERO }
     }
 }
 
@@ -271,27 +328,234 @@ impl Bell {
     }
 }
 
-/// The receiving half of a shared-memory peer.
-pub(crate) struct ShmRead {
+/// The receiving half of a shared-memory peer: the ring and the parser of what it
+/// carries, shared by the reader task and by receives that poll the link themselves
+/// ([`hcomm_core::mailbox::Progress`]).
+pub(crate) struct ShmInbox {
     ring: Ring,
     bell: Arc<Bell>,
-    spin: Duration,
+    peer: Rank,
+    links: Arc<Links>,
+    asm: Mutex<Assembler>,
+    /// The peer's close frame, a protocol error or the end of the link was seen: the
+    /// mailbox knows, and nothing more is read.
+    ended: AtomicBool,
 }
 
-/// The sending half of a shared-memory peer.
+/// What one [`ShmInbox::drain`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Drained {
+    /// Nothing had arrived (or another task was reading).
+    Nothing,
+    /// Bytes were read and every complete message in them delivered.
+    Some,
+    /// The link has ended (see [`ShmInbox::ended`]).
+    Ended,
+}
+
+impl ShmInbox {
+    /// Reads what has arrived and delivers every complete message to the mailbox,
+    /// unless another task is reading.
+    pub(crate) fn drain(&self) -> Drained {
+        if self.ended.load(Ordering::Acquire) {
+            return Drained::Ended;
+        }
+        if self.ring.readable() == 0 || self.links.readers_stopped.load(Ordering::Acquire) {
+            return Drained::Nothing;
+        }
+        let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
+        let mut got = false;
+        loop {
+            let (mut buf, limit) = asm.read_target();
+            let spare = (buf.capacity() - buf.len()).min(limit);
+            debug_assert!(spare > 0, "the framing hands out buffers with room");
+            // SAFETY: the spare capacity of `buf` is valid for `spare` bytes; the
+            // bytes `pop` wrote become part of its length. Only the holder of `asm`
+            // pops, so the ring has one reader.
+            let n = unsafe {
+                let n = self.ring.pop(buf.as_mut_ptr().add(buf.len()), spare);
+                buf.set_len(buf.len() + n);
+                n
+            };
+            asm.filled(buf);
+            if n == 0 {
+                break;
+            }
+            got = true;
+            fence(Ordering::SeqCst);
+            if self.ring.u32_at(WRITER_WAITS).swap(0, Ordering::SeqCst) == 1 {
+                self.bell.ring(DOORBELL_SPACE);
+            }
+            match deliver_all(&mut asm, &self.links.mailbox) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.end(None);
+                    return Drained::Ended;
+                }
+                Err(e) => {
+                    self.end(Some(e.with_peer(self.peer)));
+                    return Drained::Ended;
+                }
+            }
+        }
+        if got {
+            self.links.heard_from(self.peer);
+            Drained::Some
+        } else {
+            Drained::Nothing
+        }
+    }
+
+    /// Ends the link: the peer's failure (`None`: its orderly close, already
+    /// delivered) goes to the mailbox, and the reader task, if it waits, wakes to
+    /// stop.
+    fn end(&self, err: Option<hcomm_core::Error>) {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(err) = err {
+            tracing::debug!(peer = self.peer, error = %err, "shared-memory reader stopped");
+            self.links.mailbox.fail_peer(self.peer, err);
+        }
+        self.links.mark(&self.links.reader_done, self.peer);
+        self.bell.data.notify_one();
+    }
+
+    /// Whether the link has ended.
+    pub(crate) fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+}
+
+impl hcomm_core::mailbox::PollLink for ShmInbox {
+    fn poll(&self) -> bool {
+        self.drain() != Drained::Ended
+    }
+}
+
+/// The reader task of a shared-memory peer: drains the ring whenever it has data,
+/// spinning briefly and then parking on the doorbell in between, until the link ends.
+pub(crate) async fn read_task(inbox: Arc<ShmInbox>, spin: Duration) {
+    inbox.links.heard_from(inbox.peer);
+    let waits = inbox.ring.u32_at(READER_WAITS);
+    loop {
+        match inbox.drain() {
+            Drained::Ended => return,
+            // A ring that always has data never makes this task wait: take part in
+            // tokio's cooperative budget, so that the executor's other tasks (the
+            // heartbeat writer among them) still run.
+            Drained::Some => tokio::task::coop::consume_budget().await,
+            Drained::Nothing => {
+                let ready = || inbox.ring.readable() > 0 || inbox.ended();
+                if !wait_until(spin, waits, ready, &inbox.bell.data, &inbox.bell.dead).await {
+                    // The doorbell ended and the ring is empty: everything the peer
+                    // wrote before it went is read. Without its close frame, it died.
+                    if inbox.drain() != Drained::Ended {
+                        inbox.end(Some(unannounced_eof(inbox.peer)));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The sending half of a shared-memory peer, shared by the writer task and by
+/// sends that write their message into the ring themselves ([`ShmOut::try_direct`]).
+pub(crate) struct ShmOut {
+    ring: Ring,
+    bell: Arc<Bell>,
+    /// Messages handed to the writer task and not yet completely written (and, once
+    /// the writer has stopped, [`RETIRED`]): a direct write goes only when it is zero,
+    /// so that messages leave in the order they were sent and never inside another's
+    /// bytes.
+    busy: Mutex<usize>,
+}
+
+impl std::fmt::Debug for ShmOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmOut").field("cap", &self.ring.cap).field("busy", &*self.busy.lock()).finish()
+    }
+}
+
+/// [`ShmOut::busy`] of a writer that has stopped: nothing is written directly any more.
+const RETIRED: usize = usize::MAX / 2;
+
+/// The largest message written directly by the sending task.
+const DIRECT_MAX: usize = 64 << 10;
+
+impl ShmOut {
+    /// Writes `o` as one whole frame straight into the ring if `direct` allows it,
+    /// the writer task holds nothing, the message is small and the ring has room
+    /// (`true`); otherwise counts it as the writer task's and hands it to `queue`,
+    /// under the same lock, so that no direct write can overtake it.
+    pub(crate) fn send(&self, o: Outgoing, direct: bool, queue: impl FnOnce(Outgoing)) -> bool {
+        let mut busy = self.busy.lock();
+        let len = o.payload.len();
+        if direct
+            && *busy == 0
+            && len <= DIRECT_MAX
+            && !self.bell.dead.load(Ordering::Acquire)
+            && self.ring.room(HEADER_LEN + len) >= HEADER_LEN + len
+        {
+            let mut header = o.header;
+            header.msg_id = u64::MAX;
+            header.msg_len = len as u64;
+            header.offset = 0;
+            header.frag_len = len as u32;
+            self.ring.push_parts(&[&header.encode(), &o.payload]);
+            drop(busy);
+            self.published();
+            return true;
+        }
+        *busy += 1;
+        queue(o);
+        false
+    }
+
+    /// Counts one more message as the writer task's (one it made itself: a
+    /// heartbeat).
+    pub(crate) fn hold(&self) {
+        *self.busy.lock() += 1;
+    }
+
+    /// The writer task has written `n` of its messages completely.
+    pub(crate) fn release(&self, n: usize) {
+        let mut busy = self.busy.lock();
+        *busy = busy.saturating_sub(n);
+    }
+
+    /// The writer task has stopped: no more direct writes.
+    pub(crate) fn retire(&self) {
+        *self.busy.lock() = RETIRED;
+    }
+
+    /// After bytes went into the ring: wakes the reader if it waits.
+    fn published(&self) {
+        fence(Ordering::SeqCst);
+        if self.ring.u32_at(READER_WAITS).swap(0, Ordering::SeqCst) == 1 {
+            self.bell.ring(DOORBELL_DATA);
+        }
+    }
+}
+
+/// The writer task's link to a shared-memory peer.
 pub(crate) struct ShmWrite {
-    ring: Ring,
-    bell: Arc<Bell>,
+    out: Arc<ShmOut>,
     spin: Duration,
 }
 
-/// Splits a negotiated pair into its halves and the doorbell task, which must run
-/// as long as the link does.
-pub(crate) fn split(
-    pair: ShmPair,
-    stream: TcpStream,
-    spin: Duration,
-) -> (ShmRead, ShmWrite, impl std::future::Future<Output = ()> + Send + 'static) {
+/// The halves of a negotiated pair and the doorbell task, which must run as long as
+/// the link does.
+pub(crate) struct Split {
+    pub inbox: Arc<ShmInbox>,
+    pub out: Arc<ShmOut>,
+    pub writer: ShmWrite,
+    pub doorbell: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
+}
+
+/// Splits a negotiated pair with `peer` into its halves and the doorbell task.
+pub(crate) fn split(pair: ShmPair, stream: TcpStream, spin: Duration, peer: Rank, links: Arc<Links>) -> Split {
     let _ = stream.set_nodelay(true);
     let bell = Arc::new(Bell {
         stream: Arc::new(stream),
@@ -325,12 +589,27 @@ pub(crate) fn split(
         b.data.notify_one();
         b.space.notify_one();
     };
-    (ShmRead { ring: pair.rx, bell: bell.clone(), spin }, ShmWrite { ring: pair.tx, bell, spin }, doorbell)
+    let inbox = Arc::new(ShmInbox {
+        ring: pair.rx,
+        bell: bell.clone(),
+        peer,
+        links,
+        asm: Mutex::new(Assembler::new(peer)),
+        ended: AtomicBool::new(false),
+    });
+    let out = Arc::new(ShmOut { ring: pair.tx, bell, busy: Mutex::new(0) });
+    Split { inbox, writer: ShmWrite { out: out.clone(), spin }, out, doorbell: Box::pin(doorbell) }
 }
 
 /// Polls `ready` for up to `spin`, yielding to the executor between polls (so that
 /// the other tasks of a current-thread runtime, such as the one that will consume
 /// what arrives, keep running); whether it became true.
+///
+/// `yield_now` defers the task until the runtime has polled its I/O driver, which
+/// costs a system call per try. A plain self-wake would be cheaper per try, but
+/// measured slower: a current-thread runtime then always has a runnable task and
+/// polls the future it blocks on (the application's, waiting for what arrives) only
+/// every few dozen tasks.
 async fn spin_until(spin: Duration, ready: impl Fn() -> bool) -> bool {
     if ready() {
         return true;
@@ -377,38 +656,6 @@ async fn wait_until(
     }
 }
 
-impl ReadLink for ShmRead {
-    async fn read(&mut self, mut buf: BytesMut, limit: usize) -> (io::Result<usize>, BytesMut) {
-        let waits = self.ring.u32_at(READER_WAITS);
-        loop {
-            let spare = (buf.capacity() - buf.len()).min(limit);
-            debug_assert!(spare > 0, "the framing hands out buffers with room");
-            // SAFETY: the spare capacity of `buf` is valid for `spare` bytes; the
-            // bytes `pop` wrote become part of its length.
-            let n = unsafe {
-                let n = self.ring.pop(buf.as_mut_ptr().add(buf.len()), spare);
-                buf.set_len(buf.len() + n);
-                n
-            };
-            if n > 0 {
-                fence(Ordering::SeqCst);
-                if self.ring.u32_at(WRITER_WAITS).swap(0, Ordering::SeqCst) == 1 {
-                    self.bell.ring(DOORBELL_SPACE);
-                }
-                // A ring that always has data never makes this future wait: take
-                // part in tokio's cooperative budget, so that the executor's other
-                // tasks (the heartbeat writer among them) still run.
-                tokio::task::coop::consume_budget().await;
-                return (Ok(n), buf);
-            }
-            if !wait_until(self.spin, waits, || self.ring.readable() > 0, &self.bell.data, &self.bell.dead).await {
-                // Everything the peer wrote before it went is read: the end.
-                return (Ok(0), buf);
-            }
-        }
-    }
-}
-
 impl WriteLink for ShmWrite {
     async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (io::Result<()>, BytesMut) {
         let res = self.write_all(&batch).await;
@@ -422,31 +669,39 @@ impl WriteLink for ShmWrite {
     async fn finish(&mut self) {
         // The peer's doorbell task sees the end, and its reader then the end of the
         // ring, after our close frame.
-        let _ = socket2::SockRef::from(&*self.bell.stream).shutdown(std::net::Shutdown::Write);
+        let _ = socket2::SockRef::from(&*self.out.bell.stream).shutdown(std::net::Shutdown::Write);
+    }
+
+    fn written(&mut self, messages: usize) {
+        self.out.release(messages);
+    }
+
+    fn heartbeat(&mut self) {
+        self.out.hold();
+    }
+
+    fn stopped(&mut self) {
+        self.out.retire();
     }
 }
 
 impl ShmWrite {
     async fn write_all(&self, part: &[u8]) -> io::Result<()> {
-        let waits = self.ring.u32_at(WRITER_WAITS);
+        let out = &*self.out;
+        let waits = out.ring.u32_at(WRITER_WAITS);
         let closed = || io::Error::new(io::ErrorKind::BrokenPipe, "the peer's shared-memory doorbell closed");
         let mut off = 0;
         while off < part.len() {
-            if self.bell.dead.load(Ordering::Acquire) {
+            if out.bell.dead.load(Ordering::Acquire) {
                 return Err(closed());
             }
-            let n = self.ring.push(&part[off..]);
+            let n = out.ring.push(&part[off..]);
             if n > 0 {
                 off += n;
-                fence(Ordering::SeqCst);
-                if self.ring.u32_at(READER_WAITS).swap(0, Ordering::SeqCst) == 1 {
-                    self.bell.ring(DOORBELL_DATA);
-                }
-                // As in `read`: never monopolise the executor.
+                out.published();
+                // As in `read_task`: never monopolise the executor.
                 tokio::task::coop::consume_budget().await;
-            } else if !wait_until(self.spin, waits, || self.ring.writable() > 0, &self.bell.space, &self.bell.dead)
-                .await
-            {
+            } else if !wait_until(self.spin, waits, || out.ring.writable() > 0, &out.bell.space, &out.bell.dead).await {
                 return Err(closed());
             }
         }

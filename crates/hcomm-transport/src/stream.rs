@@ -256,6 +256,9 @@ pub struct StreamTransport {
     bundles: Vec<Option<Arc<Bundle>>>,
     /// The peers reached over TLS.
     encrypted: Vec<bool>,
+    /// The peers reached over shared memory: small sends write into the ring
+    /// themselves when its writer task is idle.
+    direct: Vec<Option<Arc<crate::shm::ShmOut>>>,
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -264,7 +267,7 @@ fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
         .with_source(e)
 }
 
-fn unannounced_eof(peer: Rank) -> Error {
+pub(crate) fn unannounced_eof(peer: Rank) -> Error {
     Error::new(
         ErrorKind::PeerFailed,
         format!("rank {peer} closed the connection without a close frame (did the process die?)"),
@@ -274,7 +277,7 @@ fn unannounced_eof(peer: Rank) -> Error {
 
 /// Delivers every complete message in `asm`. `Ok(true)` once the peer's close frame
 /// has been delivered.
-fn deliver_all(asm: &mut Assembler, mailbox: &Mailbox) -> Result<bool> {
+pub(crate) fn deliver_all(asm: &mut Assembler, mailbox: &Mailbox) -> Result<bool> {
     while let Some(f) = asm.next_frame()? {
         let close = f.header.kind == FrameKind::Close;
         mailbox.deliver(f);
@@ -351,6 +354,7 @@ impl StreamTransport {
             shared,
             bundles: vec![None; size],
             encrypted: vec![false; size],
+            direct: vec![None; size],
         };
         (t, rxs)
     }
@@ -372,6 +376,7 @@ impl StreamTransport {
     ) -> StreamTransport {
         let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
+        let mut inboxes = vec![None; links.len()];
         for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
             let tasks = match link {
@@ -401,15 +406,16 @@ impl StreamTransport {
                 #[cfg(feature = "tls")]
                 PeerLink::Tls(s) => t.spawn_tls(peer, *s, rx, opts.fragment, heartbeat),
                 PeerLink::Shm(pair, s) => {
-                    let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
-                    let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
-                    let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
-                    let b = tokio::spawn(bell);
+                    let sp = t.shm_link(peer, pair, s, opts, &mut inboxes);
+                    let r = tokio::spawn(crate::shm::read_task(sp.inbox, opts.shm.spin));
+                    let w = tokio::spawn(write_loop(sp.writer, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
+                    let b = tokio::spawn(sp.doorbell);
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle(), b.abort_handle()] }
                 }
             };
             t.shared.tasks.lock()[peer] = tasks;
         }
+        t.poll_shm(inboxes, opts);
         if let Some(timeout) = opts.peer_timeout {
             tokio::spawn(watchdog(t.shared.clone(), rank, timeout, || async {}));
         }
@@ -434,6 +440,7 @@ impl StreamTransport {
     ) -> StreamTransport {
         let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "uring"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
+        let mut inboxes = vec![None; links.len()];
         for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
             let tasks = match link {
@@ -469,15 +476,17 @@ impl StreamTransport {
                 #[cfg(feature = "tls")]
                 PeerLink::Tls(s) => t.spawn_tls(peer, *s, rx, opts.fragment, heartbeat),
                 PeerLink::Shm(pair, s) => {
-                    let (rd, wr, bell) = crate::shm::split(pair, s, opts.shm.spin);
-                    let r = tokio_uring::spawn(read_loop(rd, peer, t.shared.clone()));
-                    let w = tokio_uring::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
-                    let b = tokio_uring::spawn(bell);
+                    let sp = t.shm_link(peer, pair, s, opts, &mut inboxes);
+                    let r = tokio_uring::spawn(crate::shm::read_task(sp.inbox, opts.shm.spin));
+                    let w =
+                        tokio_uring::spawn(write_loop(sp.writer, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
+                    let b = tokio_uring::spawn(sp.doorbell);
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle(), b.abort_handle()] }
                 }
             };
             t.shared.tasks.lock()[peer] = tasks;
         }
+        t.poll_shm(inboxes, opts);
         if let Some(timeout) = opts.peer_timeout {
             tokio_uring::spawn(watchdog(t.shared.clone(), rank, timeout, || async {
                 // An error here (no submission slot) only skips the probe.
@@ -487,13 +496,17 @@ impl StreamTransport {
         t
     }
 
+    /// Queues a message for `peer`'s writer task, or, if `direct` and the peer is
+    /// reached over shared memory with an idle writer, writes it into the ring at
+    /// once: `Ok(true)`, and `done` is dropped unused.
     fn enqueue(
         &self,
         peer: Rank,
         mut header: Header,
         payload: Bytes,
         done: Option<oneshot::Sender<Result<()>>>,
-    ) -> Result<()> {
+        direct: bool,
+    ) -> Result<bool> {
         if peer >= self.size {
             return Err(Error::invalid(format!("peer rank {peer} out of range for {} ranks", self.size)));
         }
@@ -505,7 +518,7 @@ impl StreamTransport {
             if let Some(tx) = done {
                 let _ = tx.send(Ok(()));
             }
-            return Ok(());
+            return Ok(true);
         };
         // A close frame still goes to a peer that closed first (it waits for ours to
         // finish its shutdown); the writer of a broken link is gone and refuses it.
@@ -514,11 +527,53 @@ impl StreamTransport {
         {
             return Err(e);
         }
-        link.send(Outgoing { header, payload, done }).map_err(|_| {
+        let closed = || {
             self.mailbox
                 .peer_failure(peer)
                 .unwrap_or_else(|| Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer))
-        })
+        };
+        let o = Outgoing { header, payload, done };
+        match &self.direct[peer] {
+            Some(out) => {
+                let mut queued = Ok(false);
+                let direct = direct && header.kind == FrameKind::Data;
+                if out.send(o, direct, |o| queued = link.send(o).map(|()| false).map_err(|_| closed())) {
+                    return Ok(true);
+                }
+                queued
+            }
+            None => link.send(o).map(|()| false).map_err(|_| closed()),
+        }
+    }
+
+    /// Spreads a shared-memory pair with `peer` into its parts, keeps its sending
+    /// half for direct sends and its receiving half for receives that poll.
+    fn shm_link(
+        &mut self,
+        peer: Rank,
+        pair: ShmPair,
+        stream: tokio::net::TcpStream,
+        opts: &StreamOptions,
+        inboxes: &mut [Option<std::sync::Weak<crate::shm::ShmInbox>>],
+    ) -> crate::shm::Split {
+        let sp = crate::shm::split(pair, stream, opts.shm.spin, peer, self.shared.clone());
+        self.direct[peer] = Some(sp.out.clone());
+        inboxes[peer] = Some(Arc::downgrade(&sp.inbox));
+        sp
+    }
+
+    /// Lets waiting receives from shared-memory peers read the ring themselves
+    /// ([`hcomm_core::mailbox::Progress`]), which spares the hand-over from the reader
+    /// task when the receiving task is polled first.
+    fn poll_shm(&self, inboxes: Vec<Option<std::sync::Weak<crate::shm::ShmInbox>>>, opts: &StreamOptions) {
+        if inboxes.iter().all(Option::is_none) {
+            return;
+        }
+        // Weak: the mailbox must not keep the links (which hold it) alive.
+        let link = move |src: Rank| -> Option<Arc<dyn hcomm_core::mailbox::PollLink>> {
+            Some(inboxes.get(src)?.as_ref()?.upgrade()?)
+        };
+        self.mailbox.set_progress(hcomm_core::mailbox::Progress { link: Box::new(link), spin: opts.shm.poll });
     }
 }
 
@@ -541,11 +596,13 @@ impl Transport for StreamTransport {
 
     fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>> + Send {
         let (tx, rx) = oneshot::channel();
-        let queued = self.enqueue(peer, header, payload, Some(tx));
+        let queued = self.enqueue(peer, header, payload, Some(tx), true);
         let rank = self.rank;
         let mailbox = self.mailbox.clone();
         async move {
-            queued?;
+            if queued? {
+                return Ok(());
+            }
             // The writer went away with the message: its peer failed (the watchdog
             // stopped it) or the transport closed.
             rx.await.unwrap_or_else(|_| {
@@ -559,7 +616,7 @@ impl Transport for StreamTransport {
     }
 
     fn post(&self, peer: Rank, header: Header, payload: Bytes) {
-        let _ = self.enqueue(peer, header, payload, None);
+        let _ = self.enqueue(peer, header, payload, None, false);
     }
 
     fn close(&self) {
@@ -698,6 +755,12 @@ pub(crate) trait WriteLink {
     async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut);
     /// Ends the sending direction.
     async fn finish(&mut self);
+    /// `messages` queued messages were written completely (by the last `write`).
+    fn written(&mut self, _messages: usize) {}
+    /// A heartbeat of the writer's own is about to be queued.
+    fn heartbeat(&mut self) {}
+    /// The write loop has ended.
+    fn stopped(&mut self) {}
 }
 
 /// Reads frames from one peer into the mailbox until the peer closes or fails.
@@ -748,10 +811,20 @@ async fn write_loop<L: WriteLink>(
                 Some(every) => match tokio::time::timeout(every, rx.recv()).await {
                     Ok(next) => next,
                     // Idle for a heartbeat period: tell the peer this rank is alive.
-                    Err(_) => Some(Outgoing {
-                        header: Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, links.mailbox.rank(), 0, 0, 0),
-                        payload: Bytes::new(),
-                        done: None,
+                    Err(_) => Some({
+                        link.heartbeat();
+                        Outgoing {
+                            header: Header::control(
+                                FrameKind::Heartbeat,
+                                OpKind::Bootstrap,
+                                links.mailbox.rank(),
+                                0,
+                                0,
+                                0,
+                            ),
+                            payload: Bytes::new(),
+                            done: None,
+                        }
                     }),
                 },
             };
@@ -772,10 +845,13 @@ async fn write_loop<L: WriteLink>(
             let err = broken(peer, "sending", e);
             fail_queue(&mut q, &mut rx, &err);
             links.mailbox.fail_peer(peer, err);
+            link.stopped();
             return links.mark(&links.writer_done, peer);
         }
-        q.written();
+        let n = q.written();
+        link.written(n);
     }
+    link.stopped();
     link.finish().await;
     links.mark(&links.writer_done, peer);
 }

@@ -234,6 +234,15 @@ impl Config {
             c.stream.shm.spin = spin;
             c.auto_spin = false;
         }
+        if let Some(poll) = micros_var("HCOMM_SHM_POLL_US")? {
+            if poll > Duration::from_millis(10) {
+                return Err(Error::config(format!(
+                    "HCOMM_SHM_POLL_US={} is above 10000: a receive would hold its thread that long",
+                    poll.as_micros()
+                )));
+            }
+            c.stream.shm.poll = poll;
+        }
         if let Some(spin) = micros_var("HCOMM_TCP_SPIN_US")? {
             c.stream.tcp_spin = spin;
             c.auto_spin = false;
@@ -438,6 +447,7 @@ impl Config {
             tracing::debug!(rank = self.rank, ranks_here = here, cores, "oversubscribed: no spinning");
             o.tcp_spin = Duration::ZERO;
             o.shm.spin = Duration::ZERO;
+            o.shm.poll = Duration::ZERO;
         }
         o
     }

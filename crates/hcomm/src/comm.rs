@@ -568,7 +568,7 @@ impl<T: LocalTransport> Communicator<T> {
         sig: Signature,
         payload: Bytes,
     ) -> impl Future<Output = Result<()>> + '_ {
-        let start = std::time::Instant::now();
+        let start = events::Stopwatch::start();
         let len = payload.len() as u64;
         let me = self.group.world_rank(self.rank());
         let aborted = self.group.aborted().map_or(Ok(()), |e| Err(e.in_op(OpKind::Send, None).at_rank(self.rank())));
@@ -586,7 +586,7 @@ impl<T: LocalTransport> Communicator<T> {
     }
 
     fn post_recv(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Frame>> + '_ {
-        let start = std::time::Instant::now();
+        let start = events::Stopwatch::start();
         let posted = self.check_peer(src, OpKind::Recv).map(|world| {
             (
                 world,
@@ -1163,7 +1163,7 @@ impl<T: LocalTransport> Drop for Reserved<T> {
 }
 
 /// Emits the event of a finished point-to-point operation.
-fn p2p_done(me: usize, op: OpKind, peer: usize, bytes: u64, start: std::time::Instant, ok: bool) {
+fn p2p_done(me: usize, op: OpKind, peer: usize, bytes: u64, start: events::Stopwatch, ok: bool) {
     events::op_done(events::OpDone {
         rank: me as u32,
         op,

@@ -109,3 +109,57 @@ async fn shm_ranks_1_to_8_in_flight_mismatch_and_close() {
     // A peer that goes: its close frame comes through the ring.
     peer_that_closes(hcomm::local_shm(3).await.unwrap()).await;
 }
+
+/// Shared memory with receives that poll the ring themselves, spinning inside their
+/// poll (`HCOMM_SHM_POLL_US`), on a multi-thread and on a current-thread runtime (where
+/// a spinning rank holds the thread its peers need, so every spin runs out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_receives_that_poll() {
+    let polling = |c: &mut hcomm::Config| {
+        c.shm = true;
+        c.stream.shm.poll = Duration::from_micros(30);
+    };
+    for n in [2, 3, 5] {
+        suite(&hcomm::local_tcp_with(n, polling).await.unwrap()).await;
+    }
+    let mut comms = hcomm::local_tcp_with(4, polling).await.unwrap();
+    hundred_in_flight(&comms).await;
+    mismatch(&mut comms).await;
+    peer_that_closes(hcomm::local_tcp_with(3, polling).await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn shm_receives_that_poll_on_one_thread() {
+    let polling = |c: &mut hcomm::Config| {
+        c.shm = true;
+        c.stream.shm.poll = Duration::from_micros(30);
+    };
+    for n in [2, 3] {
+        suite(&hcomm::local_tcp_with(n, polling).await.unwrap()).await;
+    }
+}
+
+/// Small sends are written into the ring by the sending task when the writer task is
+/// idle, larger ones by the writer task: a stream of both under one tag, issued without
+/// waiting, still arrives whole and in order (a small message written directly while
+/// the writer is in the middle of a large one would land inside its bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_direct_and_queued_sends_keep_their_order() {
+    let comms = hcomm::local_shm(2).await.unwrap();
+    assert_eq!(comms[0].transport_name(), "shm");
+    let sizes: Vec<usize> = (0..400).map(|i| [8, 3 << 20, 0, 70_000, 1, 65_536, 200_003, 5][i % 8] + i % 3).collect();
+    let message = |i: usize, len: usize| bytes::Bytes::from((0..len).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>());
+    let sender = async {
+        let sends: Vec<_> =
+            sizes.iter().enumerate().map(|(i, &len)| comms[0].send_bytes(1, 7, message(i, len))).collect();
+        futures::future::try_join_all(sends).await.unwrap();
+    };
+    let receiver = async {
+        for (i, &len) in sizes.iter().enumerate() {
+            let got = comms[1].recv_bytes(0, 7).await.unwrap();
+            assert_eq!(got.len(), len, "message {i}");
+            assert!(got == message(i, len), "message {i} ({len} bytes) differs");
+        }
+    };
+    futures::join!(sender, receiver);
+}
