@@ -5,7 +5,9 @@
 # (benches/compare/mpi_p2p.c), and loopback TCP bandwidth (iperf3) as the ceiling of
 # the TCP rows. HComm runs twice per transport: with `send`/`recv_into` (slices,
 # copied in and out, as MPI's API) and with `send_bytes`/`recv_bytes` (buffers handed
-# over, no copy in user space). Prints a Markdown table with the ratios.
+# over, no copy in user space). Shared memory runs twice: as configured by default, and
+# with HCOMM_SHM_POLL_US=50 ("shm poll": receives keep reading the ring inside their
+# poll). Prints a Markdown table with the ratios.
 #
 #   bash benches/compare/p2p.sh [ITERS]
 #
@@ -28,6 +30,9 @@ for t in shm tcp; do
     # hcomm-bench's own iteration count: 64 MiB worth per size, 10 to 1000.
     $hb --transport $t --ops latency,bw,latency_bytes,bw_bytes --min $min --max $max --no-progress --csv $out/p2p-hcomm-$t.csv >/dev/null
 done
+# Shared memory again with receives that keep polling the ring for up to 50 µs inside
+# their poll (holding the thread, as a blocking MPI receive does).
+HCOMM_SHM_POLL_US=50 $hb --transport shm --ops latency,bw,latency_bytes,bw_bytes --min $min --max $max --no-progress --csv $out/p2p-hcomm-shmpoll.csv >/dev/null
 mpirun -n 2 $out/mpi_p2p $min $max $iters >$out/p2p-ompi-sm.txt
 mpirun -n 2 --mca btl self,tcp $out/mpi_p2p $min $max $iters >$out/p2p-ompi-tcp.txt
 iperf3 -s -1 -p 5398 >/dev/null 2>&1 &
@@ -56,12 +61,12 @@ def ompi(t):
             rows[("bw", int(f[1]))] = (float(f[2]), float(f[3]))
     return rows
 iperf = float(sys.argv[2])
-h, m = {t: hcomm(t) for t in ("shm", "tcp")}, {t: ompi(t) for t in ("sm", "tcp")}
-print("| op | bytes | OpenMPI sm | HComm shm | ratio | HComm shm bytes | ratio | OpenMPI tcp | HComm tcp | ratio | HComm tcp bytes | ratio | HComm tcp bytes / iperf3 |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+h, m = {t: hcomm(t) for t in ("shm", "shmpoll", "tcp")}, {t: ompi(t) for t in ("sm", "tcp")}
+print("| op | bytes | OpenMPI sm | HComm shm | ratio | HComm shm bytes | ratio | HComm shm poll | ratio | HComm shm poll bytes | ratio | OpenMPI tcp | HComm tcp | ratio | HComm tcp bytes | ratio | HComm tcp bytes / iperf3 |")
+print("|" + "---|" * 17)
 for (op, b) in sorted(m["sm"], key=lambda k: (k[0] != "latency", k[1])):
     ob = op + "_bytes"
-    if any(k not in h[t] for t in ("shm", "tcp") for k in ((op, b), (ob, b))) or (op, b) not in m["tcp"]:
+    if any(k not in h[t] for t in h for k in ((op, b), (ob, b))) or (op, b) not in m["tcp"]:
         continue
     if op == "latency":
         f = lambda v: f"{v[0]:.2f} µs"
@@ -72,9 +77,11 @@ for (op, b) in sorted(m["sm"], key=lambda k: (k[0] != "latency", k[1])):
         ratio = lambda x, y: f"{x[1] / y[1]:.2f}"
         ceiling = f"{h['tcp'][(ob, b)][1] / iperf:.2f}"
     cells = [op, str(b)]
-    for mpi, t in (("sm", "shm"), ("tcp", "tcp")):
+    for mpi, t in (("sm", "shm"), ("sm", "shmpoll"), ("tcp", "tcp")):
         base = m[mpi][(op, b)]
-        cells += [f(base), f(h[t][(op, b)]), ratio(h[t][(op, b)], base), f(h[t][(ob, b)]), ratio(h[t][(ob, b)], base)]
+        if t != "shmpoll":
+            cells.append(f(base))
+        cells += [f(h[t][(op, b)]), ratio(h[t][(op, b)], base), f(h[t][(ob, b)]), ratio(h[t][(ob, b)], base)]
     cells.append(ceiling)
     print("| " + " | ".join(cells) + " |")
 print()

@@ -52,10 +52,10 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use hcomm_core::Rank;
-use hcomm_core::wire::HEADER_LEN;
+use hcomm_core::wire::{HEADER_LEN, Header};
 use parking_lot::Mutex;
 
-use crate::framing::{Assembler, Outgoing};
+use crate::framing::Assembler;
 use crate::stream::{Links, WriteLink, deliver_all, unannounced_eof};
 
 /// Directory of the ring files.
@@ -485,31 +485,32 @@ const RETIRED: usize = usize::MAX / 2;
 const DIRECT_MAX: usize = 64 << 10;
 
 impl ShmOut {
-    /// Writes `o` as one whole frame straight into the ring if `direct` allows it,
-    /// the writer task holds nothing, the message is small and the ring has room
-    /// (`true`); otherwise counts it as the writer task's and hands it to `queue`,
-    /// under the same lock, so that no direct write can overtake it.
-    pub(crate) fn send(&self, o: Outgoing, direct: bool, queue: impl FnOnce(Outgoing)) -> bool {
+    /// Writes `header` and `payload` as one whole frame straight into the ring if
+    /// `direct` allows it, the writer task holds nothing, the message is small and
+    /// the ring has room (`true`); otherwise counts the message as the writer task's
+    /// and hands it to `queue`, under the same lock, so that no direct write can
+    /// overtake it.
+    pub(crate) fn send(&self, header: Header, payload: Bytes, direct: bool, queue: impl FnOnce(Bytes)) -> bool {
         let mut busy = self.busy.lock();
-        let len = o.payload.len();
+        let len = payload.len();
         if direct
             && *busy == 0
             && len <= DIRECT_MAX
             && !self.bell.dead.load(Ordering::Acquire)
             && self.ring.room(HEADER_LEN + len) >= HEADER_LEN + len
         {
-            let mut header = o.header;
+            let mut header = header;
             header.msg_id = u64::MAX;
             header.msg_len = len as u64;
             header.offset = 0;
             header.frag_len = len as u32;
-            self.ring.push_parts(&[&header.encode(), &o.payload]);
+            self.ring.push_parts(&[&header.encode(), &payload]);
             drop(busy);
             self.published();
             return true;
         }
         *busy += 1;
-        queue(o);
+        queue(payload);
         false
     }
 

@@ -498,15 +498,16 @@ impl StreamTransport {
 
     /// Queues a message for `peer`'s writer task, or, if `direct` and the peer is
     /// reached over shared memory with an idle writer, writes it into the ring at
-    /// once: `Ok(true)`, and `done` is dropped unused.
+    /// once. With `want_done`, a queued message comes with the receiver of its
+    /// hand-over; `Ok(None)`: nothing to wait for (written already, or not asked).
     fn enqueue(
         &self,
         peer: Rank,
         mut header: Header,
         payload: Bytes,
-        done: Option<oneshot::Sender<Result<()>>>,
+        want_done: bool,
         direct: bool,
-    ) -> Result<bool> {
+    ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
         if peer >= self.size {
             return Err(Error::invalid(format!("peer rank {peer} out of range for {} ranks", self.size)));
         }
@@ -515,10 +516,7 @@ impl StreamTransport {
             // To ourselves: straight into the mailbox.
             header.msg_len = payload.len() as u64;
             self.mailbox.deliver(Frame { header, payload });
-            if let Some(tx) = done {
-                let _ = tx.send(Ok(()));
-            }
-            return Ok(true);
+            return Ok(None);
         };
         // A close frame still goes to a peer that closed first (it waits for ours to
         // finish its shutdown); the writer of a broken link is gone and refuses it.
@@ -527,23 +525,28 @@ impl StreamTransport {
         {
             return Err(e);
         }
-        let closed = || {
-            self.mailbox
-                .peer_failure(peer)
-                .unwrap_or_else(|| Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer))
+        let mut rx = None;
+        let mut queue = |payload: Bytes| {
+            let done = want_done.then(|| {
+                let (tx, r) = oneshot::channel();
+                rx = Some(r);
+                tx
+            });
+            link.send(Outgoing { header, payload, done }).map_err(|_| {
+                self.mailbox.peer_failure(peer).unwrap_or_else(|| {
+                    Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer)
+                })
+            })
         };
-        let o = Outgoing { header, payload, done };
         match &self.direct[peer] {
             Some(out) => {
-                let mut queued = Ok(false);
-                let direct = direct && header.kind == FrameKind::Data;
-                if out.send(o, direct, |o| queued = link.send(o).map(|()| false).map_err(|_| closed())) {
-                    return Ok(true);
-                }
-                queued
+                let mut queued = Ok(());
+                out.send(header, payload, direct && header.kind == FrameKind::Data, |p| queued = queue(p));
+                queued?;
             }
-            None => link.send(o).map(|()| false).map_err(|_| closed()),
+            None => queue(payload)?,
         }
+        Ok(rx)
     }
 
     /// Spreads a shared-memory pair with `peer` into its parts, keeps its sending
@@ -595,14 +598,11 @@ impl Transport for StreamTransport {
     }
 
     fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>> + Send {
-        let (tx, rx) = oneshot::channel();
-        let queued = self.enqueue(peer, header, payload, Some(tx), true);
+        let queued = self.enqueue(peer, header, payload, true, true);
         let rank = self.rank;
         let mailbox = self.mailbox.clone();
         async move {
-            if queued? {
-                return Ok(());
-            }
+            let Some(rx) = queued? else { return Ok(()) };
             // The writer went away with the message: its peer failed (the watchdog
             // stopped it) or the transport closed.
             rx.await.unwrap_or_else(|_| {
@@ -616,7 +616,7 @@ impl Transport for StreamTransport {
     }
 
     fn post(&self, peer: Rank, header: Header, payload: Bytes) {
-        let _ = self.enqueue(peer, header, payload, None, false);
+        let _ = self.enqueue(peer, header, payload, false, false);
     }
 
     fn close(&self) {
