@@ -10,11 +10,13 @@
 //! acknowledgement also reports how many bytes arrived on each link.
 //!
 //! The sender keeps every segment until it is acknowledged (the bytes are reference
-//! counted: no copy). A link with unacknowledged data on which the peer has reported
-//! no new bytes for longer than the stall limit, while another link shows the peer
-//! still receiving (it reported bytes within the limit, or carries nothing), is
-//! suspected: every segment it holds is queued again, at the front, on the other
-//! links, so the holes fill first. A link that breaks (an error, or an end of stream
+//! counted: no copy). A link with bytes in transit (taken by its writer, not yet
+//! reported by the peer) on which the peer has reported no new bytes for longer than
+//! the stall limit, while another link shows the peer still receiving (it reported
+//! bytes within the limit, or it has nothing in transit while the peer is still
+//! heard: a receiver whose prefix a hole holds back repeats its acknowledgement every
+//! [`HOLE_ACK`]), is suspected: every segment it holds is queued again, at the front,
+//! on the other links, so the holes fill first. A link that breaks (an error, or an end of stream
 //! before the peer's close frame) has its segments moved the same way. When every
 //! link is silent, the peer itself is slow or gone and nothing moves: the peer
 //! watchdog judges that. A suspected link gets no new data until the peer reports
@@ -30,17 +32,21 @@
 //! segments carry about a millisecond of throughput, between 64 KiB and 1 MiB. The stall limit is three round trips plus three
 //! acknowledgement ticks, at least [`crate::StreamOptions::link_stall`].
 //!
-//! Segment header, 16 bytes: kind (1 data, 2 acknowledgement), three zero bytes,
-//! length (u32 LE), offset (u64 LE; for an acknowledgement, the contiguous prefix
-//! received). An acknowledgement's payload is one u64 LE per link: bytes received on
-//! it. Anything else, a segment over 4 MiB, or one further ahead than 256 MiB of the
+//! Segment header, 16 bytes: kind (1 data, 2 acknowledgement, 3 probe), three zero
+//! bytes, length (u32 LE), offset (u64 LE; for an acknowledgement, the contiguous
+//! prefix received; zero otherwise). An acknowledgement's payload is one u64 LE per
+//! link: bytes received on it. A probe has none; the peer answers it with an
+//! acknowledgement on every link. A sender probes, on its links with nothing in
+//! transit, when a link is silent and the peer has not been heard from: without an
+//! answer it cannot tell a cut path from a quiet peer (both sides' last messages may
+//! all have gone into the cut link). Anything else, a segment over 4 MiB, or one further ahead than 256 MiB of the
 //! first missing byte, is a protocol error that fails the peer (the connections are
 //! authenticated, so it means a bug or corruption, not a stranger).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -56,6 +62,7 @@ use crate::stream::{Links, ReadLink, WriteLink};
 pub(crate) const SEG_HEADER: usize = 16;
 const KIND_DATA: u8 = 1;
 const KIND_ACK: u8 = 2;
+const KIND_PROBE: u8 = 3;
 /// Largest data segment accepted.
 const MAX_SEG: usize = 4 << 20;
 /// How far ahead of the first missing byte a segment may start.
@@ -78,6 +85,8 @@ const COPY_LIMIT: usize = 16 << 10;
 pub const FAILOVER_LOG: usize = 64;
 /// How long an orderly finish waits for the peer's acknowledgements.
 const LINGER: Duration = Duration::from_secs(2);
+/// How often the acknowledgement is repeated while a hole holds the prefix back.
+const HOLE_ACK: Duration = Duration::from_millis(10);
 
 /// What a bundle has seen of its links.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -137,9 +146,14 @@ struct LinkState {
     inflight: usize,
     /// The peer's count of bytes received on it.
     reported: u64,
+    /// Bytes of data segments its writer has taken from its queue (to write, or
+    /// being written): once the peer reports as many, the link holds nothing in
+    /// transit, whatever it still has unacknowledged.
+    taken: u64,
     /// When that count last rose, or the link last went from idle to busy.
     heard_at: Instant,
     ack_due: bool,
+    probe_due: bool,
 }
 
 impl LinkState {
@@ -150,8 +164,10 @@ impl LinkState {
             queue: VecDeque::new(),
             inflight: 0,
             reported: 0,
+            taken: 0,
             heard_at: Instant::now(),
             ack_due: false,
+            probe_due: false,
         }
     }
 
@@ -161,6 +177,12 @@ impl LinkState {
             self.heard_at = now;
         }
         self.inflight += len;
+    }
+
+    /// Everything its writer took has arrived, and nothing waits in its queue: its
+    /// unacknowledged bytes (if any) wait for a hole elsewhere, not for this link.
+    fn delivered(&self) -> bool {
+        self.reported >= self.taken && self.queue.is_empty()
     }
 }
 
@@ -180,6 +202,8 @@ struct State {
     srtt: Option<Duration>,
     /// A failover happened since the last progress.
     failed_over: bool,
+    /// When the peer was last probed.
+    probed_at: Option<Instant>,
     /// Acknowledged bytes per second of busy time (data outstanding), measured over
     /// at least [`METER_WINDOW`] of it: the busy time and bytes metered so far, and
     /// since when the current busy stretch is counted.
@@ -193,6 +217,8 @@ struct State {
     ooo: BTreeMap<u64, Bytes>,
     asm: Assembler,
     ack_sent: u64,
+    /// When the last acknowledgement was scheduled.
+    ack_at: Instant,
     /// Segments arrived since the last acknowledgement was scheduled (its per-link
     /// counts tell the sender which links move, even while a hole holds the prefix).
     rx_dirty: bool,
@@ -220,6 +246,11 @@ pub(crate) struct Bundle {
     /// The link writers, and how many still run.
     tasks: Mutex<Vec<AbortHandle>>,
     writers: AtomicUsize,
+    /// Per link, microseconds since `epoch`: when its reader last got bytes, and
+    /// when its writer's write in progress began (0: none), for [`Bundle::describe`].
+    read_at: Vec<AtomicU64>,
+    writing_since: Vec<AtomicU64>,
+    epoch: Instant,
     ended: Notify,
 }
 
@@ -245,6 +276,7 @@ fn parse(h: &[u8], peer: Rank, links: usize) -> Result<(u8, usize, u64)> {
         }
         KIND_DATA if len <= MAX_SEG => Ok((KIND_DATA, len, off)),
         KIND_ACK if len == 8 * links => Ok((KIND_ACK, len, off)),
+        KIND_PROBE if len == 0 && off == 0 => Ok((KIND_PROBE, 0, 0)),
         k => Err(protocol(peer, format!("segment of kind {k} and length {len} from rank {peer}"))),
     }
 }
@@ -265,6 +297,7 @@ impl Bundle {
                 srtt: None,
                 rate: None,
                 failed_over: false,
+                probed_at: None,
                 meter: (Duration::ZERO, 0),
                 busy_from: now,
                 stats: BundleStats { links: n, alive: n, received: vec![0; n], ..BundleStats::default() },
@@ -273,6 +306,7 @@ impl Bundle {
                 ooo: BTreeMap::new(),
                 asm: Assembler::new(peer),
                 ack_sent: 0,
+                ack_at: now,
                 rx_dirty: false,
                 close_seen: false,
                 peer_ended: false,
@@ -286,6 +320,9 @@ impl Bundle {
             fds,
             tasks: Mutex::new(Vec::new()),
             writers: AtomicUsize::new(n),
+            read_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            writing_since: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            epoch: now,
             ended: Notify::new(),
         }
     }
@@ -303,6 +340,47 @@ impl Bundle {
         s.cap = cap(&st);
         (s.min_rtt, s.srtt) = (st.min_rtt, st.srtt);
         s
+    }
+
+    /// The state of the links, for a report: per link whether it is alive (`+`),
+    /// suspected (`?`) or broken (`x`), its unacknowledged bytes, its bytes in
+    /// transit and its queued segments; then what was sent and acknowledged, and what
+    /// was received in order and out of order.
+    pub(crate) fn describe(&self) -> String {
+        let st = self.st.lock();
+        let now = self.epoch.elapsed().as_micros() as u64;
+        let ms = |us: u64| now.saturating_sub(us) / 1000;
+        let mut out = String::new();
+        for (k, l) in st.link.iter().enumerate() {
+            let mark = if !l.alive {
+                'x'
+            } else if l.suspect {
+                '?'
+            } else {
+                '+'
+            };
+            out += &format!(
+                "link {k}{mark} unacked {} in transit {} queued {}, reported {} ms ago, read {} ms ago",
+                l.inflight,
+                l.taken.saturating_sub(l.reported),
+                l.queue.len(),
+                l.heard_at.elapsed().as_millis(),
+                ms(self.read_at[k].load(Ordering::Relaxed)),
+            );
+            match self.writing_since[k].load(Ordering::Relaxed) {
+                0 => out += "; ",
+                t => out += &format!(", writing for {} ms; ", ms(t)),
+            }
+        }
+        out += &format!(
+            "sent {} acked {}; received {} ({} segments ahead), acked {}",
+            st.next_off,
+            st.acked,
+            st.next,
+            st.ooo.len(),
+            st.ack_sent
+        );
+        out
     }
 
     /// Breaks link `i` (both directions), as a failed cable would.
@@ -489,6 +567,7 @@ impl Bundle {
     /// Schedules an acknowledgement of everything received on every live link.
     fn owe_ack(&self, st: &mut State) {
         st.ack_sent = st.next;
+        st.ack_at = Instant::now();
         st.rx_dirty = false;
         for (k, l) in st.link.iter_mut().enumerate() {
             if l.alive && !l.ack_due {
@@ -586,20 +665,36 @@ impl Bundle {
         if late {
             st.checked_at = now;
         }
-        if st.next > st.ack_sent || st.rx_dirty {
+        // While a hole holds the prefix back, the acknowledgement is repeated now and
+        // then even if nothing arrives: the sender learns that this rank still reads
+        // (its links that delivered everything then count as moving, below), and the
+        // per-link counts reach it even if the acknowledgement carrying them was lost
+        // on a cut link.
+        let holding = !st.ooo.is_empty();
+        if st.next > st.ack_sent || st.rx_dirty || (holding && now - st.ack_at >= HOLE_ACK) {
             self.owe_ack(&mut st);
         }
         if st.unacked.is_empty() {
-            return Tick::Idle;
+            return if holding { Tick::Busy } else { Tick::Idle };
         }
-        // A busy link the peer has reported nothing new from for longer than the
+        // A link with bytes in transit (taken by its writer, not reported by the
+        // peer) that the peer has reported nothing new from for longer than the
         // limit, while another, unsuspected, link shows that the peer and the network
-        // still move data: it reported bytes within the limit, or it has none to
-        // carry and the peer was heard from (on any link) within the limit. When
-        // every link is silent, the peer itself is slow or gone (its executor
-        // blocked, say): moving data would not help, and the peer watchdog judges
-        // that. Suspected links are checked too: they carry data only when no link
-        // was trusted.
+        // still move data: it reported bytes within the limit, or it has nothing in
+        // transit (nothing unacknowledged, or everything it carried arrived and its
+        // data waits for the hole on the silent one) and the peer was heard from (on
+        // any link) within the limit. When every link is silent, the peer itself is
+        // slow or gone (its executor blocked, say): moving data would not help, and
+        // the peer watchdog judges that. Suspected links are checked too: they carry
+        // data only when no link was trusted.
+        //
+        // A link that delivered everything is never the silent one, and it counts as
+        // moving however long ago its last bytes arrived: with both links full of
+        // unacknowledged data behind the hole of a cut one, the healthy one reports
+        // nothing new either, and treating it as stalled too kept the data of the cut
+        // one where it was (a hang, about 1 run in 3 of the path-cut tests, whenever
+        // the cut link's stall was first checked after the healthy one had delivered
+        // its last bytes).
         let limit = self.stall_limit(&st);
         let heard = self.links.silence(self.peer) <= limit;
         let since = |l: &LinkState| now - l.heard_at.max(st.checked_at);
@@ -607,16 +702,30 @@ impl Bundle {
             .link
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.alive && l.inflight > 0 && since(l) > limit)
+            .filter(|(_, l)| l.alive && l.inflight > 0 && !l.delivered() && since(l) > limit)
             .max_by_key(|(_, l)| since(l))
             .map(|(k, _)| k);
         let Some(from) = silent else { return Tick::Busy };
-        let moving_on = st
-            .link
-            .iter()
-            .enumerate()
-            .any(|(k, l)| k != from && l.alive && !l.suspect && (since(l) <= limit || (l.inflight == 0 && heard)));
+        let moving_on = st.link.iter().enumerate().any(|(k, l)| {
+            k != from && l.alive && !l.suspect && (since(l) <= limit || ((l.inflight == 0 || l.delivered()) && heard))
+        });
         if !moving_on {
+            // The links that could take the data carry nothing to hear back from, and
+            // the peer has not been heard: ask it (at most once a stall limit).
+            if !heard && st.probed_at.is_none_or(|t| now - t >= limit) {
+                let mut probed = false;
+                for (k, l) in st.link.iter_mut().enumerate() {
+                    if k != from && l.alive && !l.suspect && (l.inflight == 0 || l.delivered()) {
+                        l.probe_due = true;
+                        self.work[k].notify_one();
+                        probed = true;
+                    }
+                }
+                if probed {
+                    st.probed_at = Some(now);
+                    tracing::debug!(peer = self.peer, link = from, "link silent, peer quiet: probing the others");
+                }
+            }
             return Tick::Busy;
         }
         tracing::warn!(
@@ -771,6 +880,9 @@ async fn write_segments<W: WriteLink>(b: &Bundle, i: usize, mut w: W) {
                 if !st.link[i].alive || st.failed {
                     return;
                 }
+                if std::mem::take(&mut st.link[i].probe_due) {
+                    batch.extend_from_slice(&header(KIND_PROBE, 0, 0));
+                }
                 if st.link[i].ack_due {
                     st.link[i].ack_due = false;
                     let n = st.link.len();
@@ -786,6 +898,7 @@ async fn write_segments<W: WriteLink>(b: &Bundle, i: usize, mut w: W) {
                         continue;
                     }
                     batch.extend_from_slice(&header(KIND_DATA, data.len(), off));
+                    st.link[i].taken += data.len() as u64;
                     offs.push(off);
                     if data.len() > COPY_LIMIT {
                         big = Some(data);
@@ -806,7 +919,9 @@ async fn write_segments<W: WriteLink>(b: &Bundle, i: usize, mut w: W) {
             w.finish().await;
             return;
         }
+        b.writing_since[i].store(b.epoch.elapsed().as_micros().max(1) as u64, Ordering::Relaxed);
         let (res, back) = w.write(batch, big).await;
+        b.writing_since[i].store(0, Ordering::Relaxed);
         batch = back;
         batch.clear();
         if let Err(e) = res {
@@ -842,7 +957,14 @@ pub(crate) async fn link_reader<R: ReadLink>(b: Arc<Bundle>, i: usize, mut r: R)
             buf.advance(SEG_HEADER);
             let payload = buf.split_to(len).freeze();
             b.links.heard_from(peer);
-            let res = if kind == KIND_DATA { b.on_data(i, off, payload) } else { b.on_ack(off, &payload) };
+            let res = match kind {
+                KIND_DATA => b.on_data(i, off, payload),
+                KIND_ACK => b.on_ack(off, &payload),
+                _ => {
+                    b.owe_ack(&mut b.st.lock());
+                    Ok(())
+                }
+            };
             if let Err(e) = res {
                 b.fail(&mut b.st.lock(), e.with_peer(peer));
                 return;
@@ -857,7 +979,10 @@ pub(crate) async fn link_reader<R: ReadLink>(b: Arc<Bundle>, i: usize, mut r: R)
                 let e = Error::new(ErrorKind::PeerFailed, format!("link {i} to rank {peer} ended")).with_peer(peer);
                 break 'read (e, true);
             }
-            Ok(_) => b.links.heard_from(peer),
+            Ok(_) => {
+                b.read_at[i].store(b.epoch.elapsed().as_micros() as u64, Ordering::Relaxed);
+                b.links.heard_from(peer);
+            }
             Err(e) => {
                 let e = Error::new(ErrorKind::PeerFailed, format!("link {i} to rank {peer} broke while receiving"))
                     .with_peer(peer)
@@ -911,6 +1036,8 @@ mod tests {
         assert!(parse(&a, 1, 3).is_err(), "an acknowledgement sized for another link count");
         assert!(parse(&header(KIND_DATA, MAX_SEG + 1, 0), 1, 2).is_err());
         assert!(parse(&header(9, 0, 0), 1, 2).is_err());
+        assert_eq!(parse(&header(KIND_PROBE, 0, 0), 1, 2).unwrap(), (KIND_PROBE, 0, 0));
+        assert!(parse(&header(KIND_PROBE, 8, 0), 1, 2).is_err(), "a probe with a payload");
         let mut r = h;
         r[2] = 1;
         assert!(parse(&r, 1, 2).is_err());
@@ -934,5 +1061,159 @@ mod tests {
         assert_eq!(choose(&l, Some(1), None), Some(0));
         let l = links(&[(false, false, 0), (true, false, 0)]);
         assert_eq!(choose(&l, Some(1), None), None);
+    }
+
+    /// A bundle to rank 1 from rank 0 over two links (no tasks, no sockets), its
+    /// stall limit the 40 ms floor.
+    fn bundle() -> Bundle {
+        let links = Arc::new(Links::new(Arc::new(hcomm_core::mailbox::Mailbox::new(0)), 2));
+        Bundle::new(1, 2, links, Duration::from_millis(40), Vec::new())
+    }
+
+    /// Sent state: `segs` are (offset, length, link) of unacknowledged segments, all
+    /// taken by their link's writer; `reported[k]` bytes arrived on link `k`; every
+    /// link last heard from, and the stall clock started, `ago`.
+    fn sending(b: &Bundle, segs: &[(u64, usize, usize)], reported: [u64; 2], ago: Duration) {
+        let mut st = b.st.lock();
+        let then = Instant::now() - ago;
+        for &(off, len, k) in segs {
+            st.unacked.push_back(Seg {
+                off,
+                data: Bytes::from(vec![0u8; len]),
+                link: k,
+                sent: Some(then),
+                resent: false,
+            });
+            st.link[k].inflight += len;
+            st.link[k].taken += len as u64;
+            st.next_off = st.next_off.max(off + len as u64);
+        }
+        for (k, l) in st.link.iter_mut().enumerate() {
+            l.reported = reported[k];
+            l.heard_at = then;
+        }
+        (st.progress_at, st.checked_at) = (then, then);
+    }
+
+    const MIB: usize = 1 << 20;
+
+    /// The hang of the path-cut tests: link 0 is cut with its first segment in
+    /// transit; link 1 delivered all its segments, which wait for link 0's hole, so
+    /// it reports nothing new either. The peer still acknowledges. Link 0's segments
+    /// must move.
+    #[test]
+    fn a_silent_link_moves_while_the_other_delivered_everything() {
+        let b = bundle();
+        sending(
+            &b,
+            &[(0, MIB, 0), (MIB as u64, MIB, 1), (2 * MIB as u64, MIB, 0)],
+            [0, MIB as u64],
+            Duration::from_millis(200),
+        );
+        b.links.heard_from(1);
+        assert!(matches!(b.tick(false), Tick::Busy));
+        let st = b.st.lock();
+        assert_eq!(st.stats.failovers, 1, "link 0's segments did not move");
+        assert!(st.link[0].suspect && !st.link[1].suspect);
+        assert_eq!((st.link[0].inflight, st.link[1].inflight), (0, 3 * MIB));
+        let queued: Vec<u64> = st.link[1].queue.iter().map(|(off, _)| *off).collect();
+        assert_eq!(queued, [0, 2 * MIB as u64], "the hole first");
+    }
+
+    /// The same after a late tick of this rank's own executor restarted the stall
+    /// clock of both links: the delivered link must not be taken for the silent one.
+    #[test]
+    fn a_late_tick_does_not_make_the_delivered_link_the_suspect() {
+        let b = bundle();
+        sending(&b, &[(0, MIB, 0), (MIB as u64, MIB, 1)], [0, MIB as u64], Duration::from_millis(200));
+        assert!(matches!(b.tick(true), Tick::Busy));
+        assert_eq!(b.st.lock().stats.failovers, 0, "within the limit of the late tick");
+        b.st.lock().checked_at -= Duration::from_millis(100);
+        b.links.heard_from(1);
+        b.tick(false);
+        let st = b.st.lock();
+        assert_eq!(st.stats.failovers, 1);
+        assert!(st.link[0].suspect && !st.link[1].suspect, "the wrong link suspected");
+    }
+
+    /// Every link with bytes in transit and silent: the peer is slow or gone, and
+    /// nothing moves (the peer watchdog judges). Nor does anything move when the
+    /// other link delivered everything but the peer has not been heard from within
+    /// the limit.
+    #[test]
+    fn nothing_moves_when_the_peer_itself_is_silent() {
+        let b = bundle();
+        sending(&b, &[(0, MIB, 0), (MIB as u64, MIB, 1)], [0, MIB as u64 / 2], Duration::from_millis(200));
+        b.links.heard_from(1);
+        b.tick(false);
+        assert_eq!(b.st.lock().stats.failovers, 0, "both links in transit and silent");
+
+        let b = bundle();
+        sending(&b, &[(0, MIB, 0), (MIB as u64, MIB, 1)], [0, MIB as u64], Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(60));
+        b.tick(false);
+        assert_eq!(b.st.lock().stats.failovers, 0, "the peer was not heard from");
+        b.links.heard_from(1);
+        b.tick(false);
+        assert_eq!(b.st.lock().stats.failovers, 1, "heard again");
+    }
+
+    /// Link 0 lost the last messages of both sides; link 1 is idle and the peer
+    /// quiet (it too waits for something lost). The idle link is probed; once the
+    /// peer answers, link 0's segments move. A probe that arrives is answered with an
+    /// acknowledgement on every link.
+    #[test]
+    fn a_quiet_peer_is_probed_on_the_idle_link() {
+        let b = bundle();
+        sending(&b, &[(0, 100, 0)], [0, 0], Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(60));
+        b.tick(false);
+        {
+            let st = b.st.lock();
+            assert_eq!(st.stats.failovers, 0, "not heard: nothing moves yet");
+            assert!(!st.link[0].probe_due && st.link[1].probe_due, "probe the idle link only");
+        }
+        b.st.lock().link[1].probe_due = false;
+        b.tick(false);
+        assert!(!b.st.lock().link[1].probe_due, "probed again within the limit");
+        b.links.heard_from(1); // the answer
+        b.tick(false);
+        assert_eq!(b.st.lock().stats.failovers, 1);
+
+        // The peer's side: a probe read on link 0, then the link ends.
+        struct Once(Option<[u8; SEG_HEADER]>);
+        impl ReadLink for Once {
+            async fn read(&mut self, mut buf: BytesMut, _: usize) -> (std::io::Result<usize>, BytesMut) {
+                let bytes = self.0.take();
+                buf.extend_from_slice(bytes.as_ref().map_or(&[][..], |b| &b[..]));
+                (Ok(bytes.map_or(0, |b| b.len())), buf)
+            }
+        }
+        let peer = Arc::new(bundle());
+        futures::executor::block_on(link_reader(peer.clone(), 0, Once(Some(header(KIND_PROBE, 0, 0)))));
+        let st = peer.st.lock();
+        assert!(!st.link[0].alive && st.link[1].ack_due, "the probe is answered on the other link");
+    }
+
+    /// A receiver whose prefix a hole holds back repeats its acknowledgement (the
+    /// sender's evidence that it still reads), and keeps ticking with nothing of
+    /// its own to send.
+    #[test]
+    fn a_hole_repeats_the_acknowledgement() {
+        let b = bundle();
+        {
+            let mut st = b.st.lock();
+            st.ooo.insert(4096, Bytes::from_static(b"later"));
+            st.ack_at = Instant::now() - HOLE_ACK;
+        }
+        assert!(matches!(b.tick(false), Tick::Busy));
+        assert!(b.st.lock().link.iter().all(|l| l.ack_due));
+        for l in &mut b.st.lock().link {
+            l.ack_due = false;
+        }
+        b.tick(false);
+        assert!(b.st.lock().link.iter().all(|l| !l.ack_due), "repeated before HOLE_ACK passed");
+        b.st.lock().ooo.clear();
+        assert!(matches!(b.tick(false), Tick::Idle));
     }
 }

@@ -127,6 +127,9 @@ pub(crate) struct Links {
     /// Milliseconds since `epoch` of the last bytes read from each peer.
     heard: Vec<AtomicU64>,
     tasks: Mutex<Vec<PeerTasks>>,
+    /// Per peer: its bundle, if it is reached over several connections (for the
+    /// watchdog's report of a silent peer).
+    bundles: Mutex<Vec<Option<std::sync::Weak<Bundle>>>>,
     closed: AtomicBool,
     /// The readers were stopped (the transport closed): nothing more is received.
     pub(crate) readers_stopped: AtomicBool,
@@ -140,6 +143,22 @@ pub(crate) struct Links {
 }
 
 impl Links {
+    pub(crate) fn new(mailbox: Arc<Mailbox>, size: usize) -> Links {
+        let rank = mailbox.rank();
+        Links {
+            mailbox,
+            epoch: std::time::Instant::now(),
+            heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            tasks: Mutex::new(vec![PeerTasks::default(); size]),
+            bundles: Mutex::new(vec![None; size]),
+            closed: AtomicBool::new(false),
+            readers_stopped: AtomicBool::new(false),
+            reader_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
+            writer_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
+            stopped: tokio::sync::Notify::new(),
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -233,7 +252,14 @@ where
                 )
                 .with_peer(peer)
                 .at_rank(me);
-                tracing::warn!(rank = me, peer, silent_ms = silent.as_millis() as u64, "peer silent: failing it");
+                let bundle = links.bundles.lock()[peer].as_ref().and_then(|b| b.upgrade()).map(|b| b.describe());
+                tracing::warn!(
+                    rank = me,
+                    peer,
+                    silent_ms = silent.as_millis() as u64,
+                    links = bundle.as_deref().unwrap_or("one"),
+                    "peer silent: failing it"
+                );
                 links.mailbox.fail_peer(peer, err);
                 links.drop_peer(peer);
             } else if links.mailbox.peer_failure(peer).is_some() {
@@ -334,17 +360,7 @@ impl StreamTransport {
             }
         }
         let mailbox = Arc::new(Mailbox::new(rank));
-        let shared = Arc::new(Links {
-            mailbox: mailbox.clone(),
-            epoch: std::time::Instant::now(),
-            heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
-            tasks: Mutex::new(vec![PeerTasks::default(); size]),
-            closed: AtomicBool::new(false),
-            readers_stopped: AtomicBool::new(false),
-            reader_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
-            writer_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
-            stopped: tokio::sync::Notify::new(),
-        });
+        let shared = Arc::new(Links::new(mailbox.clone(), size));
         let t = StreamTransport {
             rank,
             size,
@@ -683,6 +699,7 @@ impl StreamTransport {
         let b =
             Arc::new(Bundle::new(peer, streams.len(), self.shared.clone(), opts.link_stall, fds.unwrap_or_default()));
         self.bundles[peer] = Some(b.clone());
+        self.shared.bundles.lock()[peer] = Some(Arc::downgrade(&b));
         b
     }
 
