@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -154,6 +155,16 @@ fn rdma_rank() {
             assert!(i < 10_000, "rank {r}: no failure seen");
         };
         println!("RANK {r} FAILED after {i}: {err}");
+        // Stay up until every survivor has seen the failure: a survivor that ended at
+        // once would close its connections, and a slower one still waiting for its
+        // data (in a slow guest, before it noticed the victim) would blame it instead.
+        let done = PathBuf::from(std::env::var("RDMA_DONE_DIR").unwrap());
+        std::fs::write(done.join(r.to_string()), b"failed").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while (0..RANKS).filter(|&k| k != VICTIM).any(|k| !done.join(k.to_string()).exists()) {
+            assert!(Instant::now() < deadline, "rank {r}: another survivor never saw the failure");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert!(err.is_peer_failed(), "rank {r}: {err}");
         assert_eq!(err.peer(), Some(VICTIM), "rank {r}: {err}");
     });
@@ -162,6 +173,10 @@ fn rdma_rank() {
 /// Starts the `RANKS` rank processes of a job (`rdma_rank`), with `env` added.
 fn spawn_ranks(job: &str, env: &[(&str, String)]) -> Vec<std::process::Child> {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // Where the survivors of `killed_peer_fails_not_hangs` mark that they saw the failure.
+    let done = std::env::temp_dir().join(format!("hcomm-rdma-{job}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&done);
+    std::fs::create_dir_all(&done).unwrap();
     let me = std::env::current_exe().unwrap();
     (0..RANKS)
         .map(|r| {
@@ -174,6 +189,7 @@ fn spawn_ranks(job: &str, env: &[(&str, String)]) -> Vec<std::process::Child> {
                 .env("HCOMM_JOB_SECRET", "rdma test")
                 .env("HCOMM_PEER_TIMEOUT", "10")
                 .env("HCOMM_TIMEOUT", "60")
+                .env("RDMA_DONE_DIR", &done)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             for (k, v) in env {
