@@ -16,8 +16,11 @@
 //! contiguous: a ring then crosses each rack boundary and each host boundary once in
 //! each direction, instead of once per rank with an interleaved placement.
 //!
-//! Not yet here: inferring racks by probing latency and bandwidth, the per-level cost
-//! parameters of the algorithm selection, hierarchical trees and grid hints.
+//! Racks can also be inferred from measured round trips ([`racks_from_rtt`], used by
+//! `Communicator::probe_racks` under `HCOMM_TOPOLOGY=probe`), and [`Grid`] places an
+//! application's 2-D or 3-D grid so that neighbours share hosts and racks. The
+//! per-level link costs of the algorithm selection live in `hcomm-collectives`
+//! (`CostModel`), configured or measured by `Communicator::calibrate`.
 
 use std::collections::HashMap;
 use std::fmt;

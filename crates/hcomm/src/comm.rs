@@ -278,55 +278,90 @@ impl<T: LocalTransport> Communicator<T> {
     }
 
     /// Measures the cost model's parameters on this job and uses them for algorithm
-    /// selection from now on: α (latency) and β (inverse bandwidth) from ping-pongs
-    /// of 8 bytes and 1 MiB between ranks 0 and 1, γ from a 1 MiB f32 reduction at
-    /// rank 0. Rank 0's figures are broadcast, so every rank chooses alike.
-    /// Collective; uses point-to-point tags from [`RESERVED_TAGS`] upward.
+    /// selection from now on. For each level of link that joins two ranks here
+    /// (the same host, hosts of one rack, racks through the spine), the first pair of
+    /// ranks in rank order joined by it measures α (latency) and β (inverse
+    /// bandwidth) from ping-pongs of 8 bytes and 1 MiB, one pair after the other; γ
+    /// comes from a 1 MiB f32 reduction at rank 0. The rack level gives the model's
+    /// own α and β (the host level does when all ranks share a host, the spine when
+    /// every host has its own rack); the host and spine links take their level's
+    /// figures, unless they were set apart by `HCOMM_COST_HOST_*` or
+    /// `HCOMM_COST_SPINE_*` (a configured figure wins) or their level joins no two
+    /// ranks here (they follow the model's α and β). Every rank gets the same figures,
+    /// so every rank chooses alike. Collective; uses point-to-point tags from
+    /// [`RESERVED_TAGS`] upward.
     ///
     /// # Errors
-    /// As [`Communicator::broadcast`] and [`Communicator::send`].
+    /// As [`Communicator::all_reduce`] and [`Communicator::send`].
     ///
     /// # Cancel safety
-    /// Dropping the future leaves the tuning unchanged; a broadcast it had started is
-    /// aborted on every rank.
+    /// Dropping the future leaves the tuning unchanged; the communicator may hold
+    /// unmatched ping-pong messages, and its next collective may fail: drop it too.
     pub async fn calibrate(&mut self) -> Result<coll::CostModel> {
+        use hcomm_topology::Level;
         let (n, me) = (self.size(), self.rank());
         let mut cost = self.group.tuning().cost;
         if n < 2 {
             return Ok(cost);
         }
-        let mut params = [0f64; 3];
-        if me < 2 {
-            let peer = 1 - me;
-            let median = |t: Vec<f64>| t[t.len() / 2];
-            let small = median(self.round_trips(peer, me == 0, 8, 21, RESERVED_TAGS).await?);
-            let big = median(self.round_trips(peer, me == 0, 1 << 20, 5, RESERVED_TAGS + 1).await?);
-            let alpha = (small / 2.0).max(1e-7);
-            let beta = ((big / 2.0 - alpha) / f64::from(1u32 << 20)).max(1e-12);
+        let levels = [Level::Host, Level::Rack, Level::Spine];
+        let topo = self.topology().clone();
+        let pair_at = |level: Level| {
+            (0..n).flat_map(|a| (a + 1..n).map(move |b| (a, b))).find(|&(a, b)| topo.level(a, b) == level)
+        };
+        // Per level: α, β, and 1 if measured; then γ.
+        let mut params = vec![0f64; 3 * levels.len() + 1];
+        for (k, &level) in levels.iter().enumerate() {
+            let Some((a, b)) = pair_at(level) else { continue };
+            let tag = RESERVED_TAGS + 2 * k as Tag;
+            if me == a || me == b {
+                let peer = a + b - me;
+                let median = |t: Vec<f64>| t[t.len() / 2];
+                let small = median(self.round_trips(peer, me == a, 8, 21, tag).await?);
+                let big = median(self.round_trips(peer, me == a, 1 << 20, 5, tag + 1).await?);
+                if me == a {
+                    let alpha = (small / 2.0).max(1e-7);
+                    let beta = ((big / 2.0 - alpha) / f64::from(1u32 << 20)).max(1e-12);
+                    params[3 * k..3 * k + 3].copy_from_slice(&[alpha, beta, 1.0]);
+                }
+            }
+        }
+        if me == 0 {
             let mut a = vec![1.0f32; 1 << 18];
             let b = vec![2.0f32; 1 << 18];
             let t = std::time::Instant::now();
             for _ in 0..4 {
                 f32::reduce(ReduceOp::Sum, &mut a, &b);
             }
-            let gamma = (t.elapsed().as_secs_f64() / 4.0 / f64::from(1u32 << 20)).max(1e-13);
-            params = [alpha, beta, gamma];
+            params[3 * levels.len()] = (t.elapsed().as_secs_f64() / 4.0 / f64::from(1u32 << 20)).max(1e-13);
         }
-        self.broadcast_with(&mut params, 0, coll::BcastAlgo::Binomial).await?;
-        // The links inside a host and across the spine follow the measured pair's
-        // unless they were set apart (by HCOMM_COST_HOST_* or HCOMM_COST_SPINE_*).
+        // Each figure was measured by one rank; the others hold zeros.
+        self.all_reduce(&mut params, ReduceOp::Max).await?;
+        let measured = |k: usize| {
+            (params[3 * k + 2] > 0.0).then(|| coll::LinkCost { alpha: params[3 * k], beta: params[3 * k + 1] })
+        };
+        let (host, rack, spine) = (measured(0), measured(1), measured(2));
+        let base = rack.or(host).or(spine).expect("two ranks are joined by some level");
         let before = coll::LinkCost { alpha: cost.alpha, beta: cost.beta };
-        let measured = coll::LinkCost { alpha: params[0], beta: params[1] };
-        (cost.alpha, cost.beta, cost.gamma) = (params[0], params[1], params[2]);
-        for link in [&mut cost.host, &mut cost.spine] {
+        (cost.alpha, cost.beta, cost.gamma) = (base.alpha, base.beta, params[3 * levels.len()]);
+        for (link, level) in [(&mut cost.host, host), (&mut cost.spine, spine)] {
             if *link == before {
-                *link = measured;
+                *link = level.unwrap_or(base);
             }
         }
         let mut t = self.group.tuning().clone();
         t.cost = cost;
         self.group.set_tuning(t);
-        tracing::debug!(alpha = cost.alpha, beta = cost.beta, gamma = cost.gamma, "calibrated");
+        tracing::debug!(
+            alpha = cost.alpha,
+            beta = cost.beta,
+            gamma = cost.gamma,
+            host_alpha = cost.host.alpha,
+            host_beta = cost.host.beta,
+            spine_alpha = cost.spine.alpha,
+            spine_beta = cost.spine.beta,
+            "calibrated"
+        );
         Ok(cost)
     }
 

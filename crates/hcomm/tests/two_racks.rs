@@ -53,8 +53,15 @@ fn two_rack_rank() {
     let bytes: usize = std::env::var("TWO_RACK_BYTES").unwrap().parse().unwrap();
     let iters: usize = std::env::var("TWO_RACK_ITERS").unwrap().parse().unwrap();
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-        let comm = hcomm::Config::from_env().unwrap().connect().await.unwrap();
+        let mut comm = hcomm::Config::from_env().unwrap().connect().await.unwrap();
         let (r, n) = (comm.rank(), comm.size());
+        if std::env::var_os("TWO_RACK_CALIBRATE").is_some() {
+            let c = comm.calibrate().await.unwrap_or_else(|e| panic!("rank {r}: calibrate: {e}"));
+            println!(
+                "COST {r} {} {} {} {} {} {}",
+                c.host.alpha, c.host.beta, c.alpha, c.beta, c.spine.alpha, c.spine.beta
+            );
+        }
         let count = bytes / 4;
         let algo = comm.allreduce_algo_for(bytes, true);
         println!(
@@ -98,6 +105,9 @@ enum Mode {
     /// The ring in topology order, the racks not given but probed
     /// (`HCOMM_TOPOLOGY=probe`).
     Probe,
+    /// Whatever the selection picks after `Communicator::calibrate` measured each
+    /// level's links (nothing configured).
+    Calibrated,
 }
 
 impl Mode {
@@ -114,6 +124,7 @@ impl Mode {
                 ("HCOMM_COST_HOST_GBPS", "2".into()),
             ],
             Mode::Probe => vec![algo("ring"), ("HCOMM_TOPOLOGY", "probe".into())],
+            Mode::Calibrated => vec![("TWO_RACK_CALIBRATE", "1".into())],
         }
     }
 }
@@ -127,6 +138,8 @@ struct Run {
     algo: String,
     /// The racks rank 0 saw.
     racks: usize,
+    /// Rank 0's calibrated link costs (α in s, β in s/B): host, rack, spine.
+    cost: Option<[f64; 6]>,
 }
 
 /// A command that runs `program` as rank `r` of a job on the cluster, its rendezvous
@@ -211,7 +224,11 @@ fn run(c: &Cluster, mode: Mode, bytes: usize, iters: usize, port: u16) -> Run {
             }
         }
     }
-    Run { spine, secs: worst, algo, racks: seen }
+    let cost = outs[0].lines().find_map(|l| l.split_once("COST 0 ").map(|(_, rest)| rest)).map(|rest| {
+        let v: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        <[f64; 6]>::try_from(v).unwrap()
+    });
+    Run { spine, secs: worst, algo, racks: seen, cost }
 }
 
 fn cluster() -> Option<Cluster> {
@@ -274,6 +291,26 @@ fn topology_aware_allreduce_crosses_the_spine_less() {
     // Probing finds the two racks (1 ms each way across the spine, nothing inside).
     assert_eq!(runs[4].1.racks, 2, "probed racks");
     assert_eq!(runs[0].1.racks, 2, "racks given");
+
+    // Calibration measures each level (its ping-pongs cross the spine too, so its
+    // spine bytes are not compared): the spine (1 ms each way, 40 MB/s) slower than
+    // the links inside a rack (the relay, unshaped), those slower than shared memory.
+    let cal = run(&c, Mode::Calibrated, bytes, iters, 29610);
+    let [ha, hb, ra, rb, sa, sb] = cal.cost.expect("rank 0 printed its calibrated costs");
+    println!(
+        "two racks: calibrated: host {:.1} us {:.2} GB/s, rack {:.1} us {:.2} GB/s, spine {:.1} us {:.3} GB/s; \
+         picks {} ({:.3} s per allreduce)",
+        ha * 1e6,
+        1e-9 / hb,
+        ra * 1e6,
+        1e-9 / rb,
+        sa * 1e6,
+        1e-9 / sb,
+        cal.algo,
+        cal.secs
+    );
+    assert!(sa > ra && sb > rb, "spine not measured slower than the rack: {:?}", cal.cost);
+    assert!(hb < rb, "shared memory not measured faster than the rack: {:?}", cal.cost);
 }
 
 /// Times 16 MiB allreduces in every mode, three runs each (by hand:
