@@ -355,26 +355,7 @@ fn a_path_cut_while_idle_is_not_taken_for_a_dead_peer_uring() {
 }
 
 fn idle_path_cut(uring: bool) {
-    let Some(c) = cluster_of(2, 2) else { return };
-    for p in 0..2 {
-        c.set_path(p, 0, 1, netem::Path { delay: Duration::from_millis(1), ..netem::Path::default() });
-    }
-    let ready = ready_file(if uring { "idle-paths-uring" } else { "idle-paths" });
-    let cut_file = ready_file(if uring { "idle-paths-uring-cut" } else { "idle-paths-cut" });
-    let mut env = vec![
-        ("HCOMM_LINKS", "10.78.0.0/24;10.79.0.0/24"),
-        ("NETFAULT_CUT", cut_file.to_str().unwrap()),
-        ("NETFAULT_IDLE", "1"),
-    ];
-    if uring {
-        env.push(("NETFAULT_URING", "1"));
-    }
-    let children = start_on(&c, 2, "paths", &ready, &env);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready.exists() {
-        assert!(Instant::now() < deadline, "the ranks never got going");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let Some((c, ready, cut_file, children)) = two_planes("idle-paths", uring, true) else { return };
     let cut_at = now_us();
     c.cut(0, 0, 1, true);
     // Longer than the peer timeout (0.6 s): a cut taken for a dead peer shows.
@@ -402,17 +383,23 @@ fn idle_path_cut(uring: bool) {
     assert!(failovers >= 1, "no rank moved its bytes off the cut path");
 }
 
-fn path_cut(uring: bool) {
-    let Some(c) = cluster_of(2, 2) else { return };
-    // 1 ms each way on both planes: connections that see real round trips.
+/// Two hosts on two planes (1 ms each way on both: connections that see real round
+/// trips), one `paths` rank each with a connection per plane, started and past their
+/// first allreduce; `idle`: they then wait for the cut file before the large ones.
+fn two_planes(name: &str, uring: bool, idle: bool) -> Option<(Cluster, PathBuf, PathBuf, Vec<Child>)> {
+    let c = cluster_of(2, 2)?;
     for p in 0..2 {
         c.set_path(p, 0, 1, netem::Path { delay: Duration::from_millis(1), ..netem::Path::default() });
     }
-    let ready = ready_file(if uring { "paths-uring" } else { "paths" });
-    let cut_file = ready_file(if uring { "paths-uring-cut" } else { "paths-cut" });
+    let name = format!("{name}{}", if uring { "-uring" } else { "" });
+    let ready = ready_file(&name);
+    let cut_file = ready_file(&format!("{name}-cut"));
     let mut env = vec![("HCOMM_LINKS", "10.78.0.0/24;10.79.0.0/24"), ("NETFAULT_CUT", cut_file.to_str().unwrap())];
     if uring {
         env.push(("NETFAULT_URING", "1"));
+    }
+    if idle {
+        env.push(("NETFAULT_IDLE", "1"));
     }
     let children = start_on(&c, 2, "paths", &ready, &env);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -420,6 +407,11 @@ fn path_cut(uring: bool) {
         assert!(Instant::now() < deadline, "the ranks never got going");
         std::thread::sleep(Duration::from_millis(10));
     }
+    Some((c, ready, cut_file, children))
+}
+
+fn path_cut(uring: bool) {
+    let Some((c, ready, cut_file, children)) = two_planes("paths", uring, false) else { return };
     // Into the first large allreduce, with data in flight on both connections: once
     // each plane has carried 2 MiB more between the hosts (a fixed pause after
     // `ready` could end before the data starts to move, as the ranks first fill 64
