@@ -406,3 +406,80 @@ fn halo_benchmark() {
         }
     }
 }
+
+/// OpenMPI (Debian's 4.1, its default components, `mpi_yield_when_idle 1`) on the same
+/// cluster with the same interleaved placement (`--map-by node`: rank `r` on host
+/// `r % 4`), running `benches/compare/mpi_allreduce` (rank 0's median of 4
+/// barrier-timed f32 sum allreduces after 2 untimed: 6 in all, as the HComm runs
+/// above), beside the spine bytes it sends; `mpirun` runs on host 0 and
+/// reaches the other hosts through a launch agent that enters their namespaces. By
+/// hand, after building the MPI program (`benches/compare/run.sh` builds it into
+/// `target/compare`):
+/// `cargo test --release -p hcomm --test two_racks -- --ignored --nocapture two_racks_openmpi`
+/// (`MPI_ALLREDUCE=path` for another build, `TWO_RACK_BENCH_BYTES` for another size).
+#[test]
+#[ignore = "a benchmark, run by hand"]
+fn two_racks_openmpi() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let bin = std::env::var("MPI_ALLREDUCE")
+        .map_or_else(|_| root.join("target/compare/mpi_allreduce"), std::path::PathBuf::from);
+    if !bin.exists() || std::process::Command::new("mpirun.openmpi").arg("--version").output().is_err() {
+        println!("SKIPPED: needs mpirun.openmpi and {} (benches/compare/run.sh builds it)", bin.display());
+        return;
+    }
+    let Some(c) = cluster() else { return };
+    let bytes = std::env::var("TWO_RACK_BENCH_BYTES").map_or(16 << 20, |v| v.parse().unwrap());
+    let dir = std::env::temp_dir().join(format!("hcomm-two-racks-ompi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The launch agent gets the host (a namespace) and the daemon's command line. The
+    // namespaces share this machine's hostname and /dev/shm, where OpenMPI's shared
+    // memory names its segments by hostname: each daemon gets the namespace's name as
+    // its own hostname (a UTS namespace), or ranks of two hosts would map one segment.
+    let agent = dir.join("agent.sh");
+    std::fs::write(
+        &agent,
+        "#!/bin/sh\nhost=$1\nshift\nexec ip netns exec \"$host\" unshare --uts sh -c \"hostname $host && $*\"\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod").arg("+x").arg(&agent).status().unwrap();
+    let hostfile = dir.join("hosts");
+    std::fs::write(&hostfile, (0..HOSTS).map(|h| format!("{} slots=2\n", c.ns(h))).collect::<String>()).unwrap();
+    for round in 0..3 {
+        c.reset_bytes();
+        let mut cmd = c.command(0, "mpirun.openmpi");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", &RANKS.to_string(), "--map-by", "node"])
+            .arg("--hostfile")
+            .arg(&hostfile)
+            .args(["--mca", "plm_rsh_agent"])
+            .arg(&agent)
+            .args(["--mca", "oob_tcp_if_include", "10.78.0.0/24", "--mca", "btl_tcp_if_include", "10.78.0.0/24"])
+            .args(["--mca", "mpi_yield_when_idle", "1"])
+            .arg(&bin)
+            .args([bytes.to_string(), "4".to_string()]);
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "mpirun failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let ms: f64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("median_ms "))
+            .unwrap_or_else(|| panic!("no median in:\n{stdout}"))
+            .trim()
+            .parse()
+            .unwrap();
+        let racks: Vec<usize> = (0..HOSTS).map(rack_of_host).collect();
+        let mut spine = 0;
+        for a in 0..HOSTS {
+            for b in 0..HOSTS {
+                if racks[a] != racks[b] {
+                    spine += c.bytes(a, b);
+                }
+            }
+        }
+        println!(
+            "round {round} {bytes} B: OpenMPI: spine {:.1} MB, {:.3} s per allreduce (rank 0's median)",
+            spine as f64 / 1e6,
+            ms / 1e3
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
