@@ -73,9 +73,11 @@ use std::sync::Arc;
 use hcomm_collectives::Group;
 
 /// Connects this process to its job, from the launcher's environment (see [`env`]),
-/// over TCP with tokio sockets. Must run inside a tokio runtime. With `HCOMM_TUNE`
-/// set (`1`, or the largest size to measure such as `4M`), it then runs
-/// [`Communicator::tune`] so that algorithm selection follows measurements.
+/// over TCP with tokio sockets. Must run inside a tokio runtime. With
+/// `HCOMM_CALIBRATE=1` it then runs [`Communicator::calibrate`] (the cost model's
+/// parameters measured, per level of link), and with `HCOMM_TUNE` set (`1`, or the
+/// largest size to measure such as `4M`) [`Communicator::tune`], so that algorithm
+/// selection follows measurements.
 ///
 /// # Errors
 /// A configuration error for a wrong or missing environment, a bootstrap error naming
@@ -86,7 +88,11 @@ use hcomm_collectives::Group;
 pub async fn init() -> Result<Communicator> {
     stats::install_from_env()?;
     let tune = tune::options_from_env(|k| std::env::var(k).ok())?;
+    let calibrate = tune::calibrate_from_env(|k| std::env::var(k).ok())?;
     let mut comm = Config::from_env()?.connect().await?;
+    if calibrate {
+        comm.calibrate().await?;
+    }
     if let Some(opts) = tune {
         comm.tune(&opts).await?;
     }
@@ -94,8 +100,8 @@ pub async fn init() -> Result<Communicator> {
 }
 
 /// As [`init`], over RDMA ([`Config::connect_rdma`], cargo feature `rdma`): connects
-/// this process to its job from the launcher's environment, with `HCOMM_STATS` and
-/// `HCOMM_TUNE` as `init` takes them.
+/// this process to its job from the launcher's environment, with `HCOMM_STATS`,
+/// `HCOMM_CALIBRATE` and `HCOMM_TUNE` as `init` takes them.
 ///
 /// # Errors
 /// As [`init`], and a bootstrap error if the RDMA device cannot be opened or a queue
@@ -107,7 +113,11 @@ pub async fn init() -> Result<Communicator> {
 pub async fn init_rdma() -> Result<Communicator<hcomm_transport::rdma::RdmaTransport>> {
     stats::install_from_env()?;
     let tune = tune::options_from_env(|k| std::env::var(k).ok())?;
+    let calibrate = tune::calibrate_from_env(|k| std::env::var(k).ok())?;
     let mut comm = Config::from_env()?.connect_rdma().await?;
+    if calibrate {
+        comm.calibrate().await?;
+    }
     if let Some(opts) = tune {
         comm.tune(&opts).await?;
     }

@@ -54,6 +54,16 @@ pub(crate) fn options_from_env(get: impl Fn(&str) -> Option<String>) -> Result<O
     Ok(Some(TuneOptions { max_bytes, ..TuneOptions::default() }))
 }
 
+/// `HCOMM_CALIBRATE`, read through `get`: unset, empty or `0` for no calibration, `1`
+/// for [`Communicator::calibrate`](crate::Communicator::calibrate) at `init`.
+pub(crate) fn calibrate_from_env(get: impl Fn(&str) -> Option<String>) -> Result<bool> {
+    match get("HCOMM_CALIBRATE").as_deref().map(str::trim) {
+        None | Some("" | "0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(Error::config(format!("HCOMM_CALIBRATE={v:?} is not 0 or 1"))),
+    }
+}
+
 /// The order in which `k` contenders run in round `round`: a shuffle, the same on
 /// every rank, so that no contender always follows the same other one (the one
 /// before leaves the ranks out of step by its own pattern, which a fixed order would
@@ -263,6 +273,19 @@ mod tests {
         for bad in ["yes", "4X", "M", "-1", "4", "99999999999999999999G"] {
             let e = options_from_env(get(bad)).unwrap_err();
             assert!(e.to_string().contains("HCOMM_TUNE"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn hcomm_calibrate_grammar() {
+        let get = |v: &'static str| move |k: &str| (k == "HCOMM_CALIBRATE").then(|| v.to_string());
+        assert!(!calibrate_from_env(|_| None).unwrap());
+        assert!(!calibrate_from_env(get("0")).unwrap());
+        assert!(!calibrate_from_env(get("")).unwrap());
+        assert!(calibrate_from_env(get(" 1 ")).unwrap());
+        for bad in ["yes", "2", "true"] {
+            let e = calibrate_from_env(get(bad)).unwrap_err();
+            assert!(e.to_string().contains("HCOMM_CALIBRATE"), "{bad}: {e}");
         }
     }
 }
