@@ -184,6 +184,11 @@ impl LinkState {
     fn delivered(&self) -> bool {
         self.reported >= self.taken && self.queue.is_empty()
     }
+
+    /// Nothing of it is in transit: nothing unacknowledged, or all delivered.
+    fn in_transit_none(&self) -> bool {
+        self.inflight == 0 || self.delivered()
+    }
 }
 
 #[derive(Debug)]
@@ -706,16 +711,17 @@ impl Bundle {
             .max_by_key(|(_, l)| since(l))
             .map(|(k, _)| k);
         let Some(from) = silent else { return Tick::Busy };
-        let moving_on = st.link.iter().enumerate().any(|(k, l)| {
-            k != from && l.alive && !l.suspect && (since(l) <= limit || ((l.inflight == 0 || l.delivered()) && heard))
-        });
+        let moving_on =
+            st.link.iter().enumerate().any(|(k, l)| {
+                k != from && l.alive && !l.suspect && (since(l) <= limit || (l.in_transit_none() && heard))
+            });
         if !moving_on {
             // The links that could take the data carry nothing to hear back from, and
             // the peer has not been heard: ask it (at most once a stall limit).
             if !heard && st.probed_at.is_none_or(|t| now - t >= limit) {
                 let mut probed = false;
                 for (k, l) in st.link.iter_mut().enumerate() {
-                    if k != from && l.alive && !l.suspect && (l.inflight == 0 || l.delivered()) {
+                    if k != from && l.alive && !l.suspect && l.in_transit_none() {
                         l.probe_due = true;
                         self.work[k].notify_one();
                         probed = true;

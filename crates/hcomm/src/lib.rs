@@ -87,16 +87,8 @@ use hcomm_collectives::Group;
 /// Dropping the future abandons the bootstrap; the job cannot start without this rank.
 pub async fn init() -> Result<Communicator> {
     stats::install_from_env()?;
-    let tune = tune::options_from_env(|k| std::env::var(k).ok())?;
-    let calibrate = tune::calibrate_from_env(|k| std::env::var(k).ok())?;
-    let mut comm = Config::from_env()?.connect().await?;
-    if calibrate {
-        comm.calibrate().await?;
-    }
-    if let Some(opts) = tune {
-        comm.tune(&opts).await?;
-    }
-    Ok(comm)
+    let measure = tune::Measure::from_env(|k| std::env::var(k).ok())?;
+    measure.run(Config::from_env()?.connect().await?).await
 }
 
 /// As [`init`], over RDMA ([`Config::connect_rdma`], cargo feature `rdma`): connects
@@ -112,16 +104,8 @@ pub async fn init() -> Result<Communicator> {
 #[cfg(all(feature = "rdma", target_os = "linux"))]
 pub async fn init_rdma() -> Result<Communicator<hcomm_transport::rdma::RdmaTransport>> {
     stats::install_from_env()?;
-    let tune = tune::options_from_env(|k| std::env::var(k).ok())?;
-    let calibrate = tune::calibrate_from_env(|k| std::env::var(k).ok())?;
-    let mut comm = Config::from_env()?.connect_rdma().await?;
-    if calibrate {
-        comm.calibrate().await?;
-    }
-    if let Some(opts) = tune {
-        comm.tune(&opts).await?;
-    }
-    Ok(comm)
+    let measure = tune::Measure::from_env(|k| std::env::var(k).ok())?;
+    measure.run(Config::from_env()?.connect_rdma().await?).await
 }
 
 /// `n` communicators of one job in this process over the in-process transport: rank

@@ -54,6 +54,31 @@ pub(crate) fn options_from_env(get: impl Fn(&str) -> Option<String>) -> Result<O
     Ok(Some(TuneOptions { max_bytes, ..TuneOptions::default() }))
 }
 
+/// What `init` measures once connected: `HCOMM_CALIBRATE`, then `HCOMM_TUNE`.
+pub(crate) struct Measure {
+    calibrate: bool,
+    tune: Option<TuneOptions>,
+}
+
+impl Measure {
+    /// Both settings, read through `get` (before connecting, so that a wrong value
+    /// fails at once).
+    pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Measure> {
+        Ok(Measure { tune: options_from_env(&get)?, calibrate: calibrate_from_env(&get)? })
+    }
+
+    /// Calibrates and tunes `comm` as asked.
+    pub(crate) async fn run<T: LocalTransport>(self, mut comm: Communicator<T>) -> Result<Communicator<T>> {
+        if self.calibrate {
+            comm.calibrate().await?;
+        }
+        if let Some(opts) = self.tune {
+            comm.tune(&opts).await?;
+        }
+        Ok(comm)
+    }
+}
+
 /// `HCOMM_CALIBRATE`, read through `get`: unset, empty or `0` for no calibration, `1`
 /// for [`Communicator::calibrate`](crate::Communicator::calibrate) at `init`.
 pub(crate) fn calibrate_from_env(get: impl Fn(&str) -> Option<String>) -> Result<bool> {

@@ -215,20 +215,22 @@ fn run(c: &Cluster, mode: Mode, bytes: usize, iters: usize, port: u16) -> Run {
         .lines()
         .find_map(|l| l.split_once(" racks ").map(|(_, rest)| rest.split_whitespace().next().unwrap().parse().unwrap()))
         .unwrap_or_else(|| panic!("no racks line in rank 0's output:\n{}", outs[0]));
-    let racks: Vec<usize> = (0..HOSTS).map(rack_of_host).collect();
-    let mut spine = 0;
-    for a in 0..HOSTS {
-        for b in 0..HOSTS {
-            if racks[a] != racks[b] {
-                spine += c.bytes(a, b);
-            }
-        }
-    }
+    let spine = spine_bytes(c);
     let cost = outs[0].lines().find_map(|l| l.split_once("COST 0 ").map(|(_, rest)| rest)).map(|rest| {
         let v: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap()).collect();
         <[f64; 6]>::try_from(v).unwrap()
     });
     Run { spine, secs: worst, algo, racks: seen, cost }
+}
+
+/// Bytes the relay carried between hosts of different racks, both directions, since
+/// its counters were last reset.
+fn spine_bytes(c: &Cluster) -> u64 {
+    (0..HOSTS)
+        .flat_map(|a| (0..HOSTS).map(move |b| (a, b)))
+        .filter(|&(a, b)| rack_of_host(a) != rack_of_host(b))
+        .map(|(a, b)| c.bytes(a, b))
+        .sum()
 }
 
 fn cluster() -> Option<Cluster> {
@@ -466,15 +468,7 @@ fn two_racks_openmpi() {
             .trim()
             .parse()
             .unwrap();
-        let racks: Vec<usize> = (0..HOSTS).map(rack_of_host).collect();
-        let mut spine = 0;
-        for a in 0..HOSTS {
-            for b in 0..HOSTS {
-                if racks[a] != racks[b] {
-                    spine += c.bytes(a, b);
-                }
-            }
-        }
+        let spine = spine_bytes(&c);
         println!(
             "round {round} {bytes} B: OpenMPI: spine {:.1} MB, {:.3} s per allreduce (rank 0's median)",
             spine as f64 / 1e6,
