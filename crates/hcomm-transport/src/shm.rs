@@ -345,11 +345,12 @@ pub(crate) struct ShmInbox {
 /// What one [`ShmInbox::drain`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Drained {
-    /// Nothing had arrived (or another task was reading).
+    /// Nothing had arrived, or another task was reading.
     Nothing,
     /// Bytes were read and every complete message in them delivered.
     Some,
-    /// The link has ended (see [`ShmInbox::ended`]).
+    /// The link has ended (see [`ShmInbox::ended`]), or the transport has stopped
+    /// its readers.
     Ended,
 }
 
@@ -360,7 +361,13 @@ impl ShmInbox {
         if self.ended.load(Ordering::Acquire) {
             return Drained::Ended;
         }
-        if self.ring.readable() == 0 || self.links.readers_stopped.load(Ordering::Acquire) {
+        // A transport that stopped its readers reads nothing more: for this link that
+        // is its end (the mailbox is closed already), not "nothing yet", which would
+        // keep the reader task looping over bytes it may not read.
+        if self.links.readers_stopped.load(Ordering::Acquire) {
+            return Drained::Ended;
+        }
+        if self.ring.readable() == 0 {
             return Drained::Nothing;
         }
         let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
@@ -445,6 +452,10 @@ pub(crate) async fn read_task(inbox: Arc<ShmInbox>, spin: Duration) {
             // tokio's cooperative budget, so that the executor's other tasks (the
             // heartbeat writer among them) still run.
             Drained::Some => tokio::task::coop::consume_budget().await,
+            // Bytes are there, but a receive that polls the link holds the parser: let
+            // it finish. Waiting for `readable() > 0` would return at once, and the
+            // task would spin without ever giving the executor back.
+            Drained::Nothing if inbox.ring.readable() > 0 => tokio::task::yield_now().await,
             Drained::Nothing => {
                 let ready = || inbox.ring.readable() > 0 || inbox.ended();
                 if !wait_until(spin, waits, ready, &inbox.bell.data, &inbox.bell.dead).await {
@@ -707,5 +718,72 @@ impl ShmWrite {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
+    /// A link whose receiving ring is its own sending ring (one file mapped twice),
+    /// so that what the test pushes is what the reader finds; the doorbell is a
+    /// loopback connection nobody rings.
+    async fn looped() -> (Split, Arc<Links>) {
+        let cap = 1 << 12;
+        let (tx, path) = create_ring(rand_u64(), 0, 1, cap).unwrap();
+        let rx = open_ring(&path.file_name().unwrap().to_string_lossy(), cap).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (_server, _) = listener.accept().await.unwrap();
+        // The test's end of the doorbell stays open: leaking it keeps the bell alive.
+        std::mem::forget(_server);
+        let links = Arc::new(Links::new(Arc::new(hcomm_core::mailbox::Mailbox::new(0)), 2));
+        (split(ShmPair { tx, rx }, client, Duration::ZERO, 1, links.clone()), links)
+    }
+
+    /// Polls the reader task once on another thread: `Some(ready)` if that poll
+    /// returned within a few seconds, `None` if it never gave the thread back.
+    fn poll_once(inbox: Arc<ShmInbox>) -> Option<bool> {
+        let (done, wait) = std::sync::mpsc::channel();
+        // A task that never returns from its poll keeps this thread; the test fails
+        // instead of waiting for it.
+        std::thread::spawn(move || {
+            let mut task = Box::pin(read_task(inbox, Duration::ZERO));
+            let ready = task.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready();
+            let _ = done.send(ready);
+        });
+        wait.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// The hang seen in CI: the transport stopped its readers (the communicator was
+    /// closing) while bytes were still arriving. The reader read nothing more, its
+    /// wait for "bytes readable" returned at once, and it looped without ever
+    /// yielding, so that its abort never took effect and it held a worker thread.
+    #[tokio::test]
+    async fn a_stopped_reader_with_bytes_in_the_ring_ends() {
+        let (sp, links) = looped().await;
+        sp.out.ring.push(&[0u8; 5]);
+        links.readers_stopped.store(true, Ordering::Release);
+        assert_eq!(poll_once(sp.inbox.clone()), Some(true), "the reader task must end, not spin");
+        assert_eq!(sp.inbox.drain(), Drained::Ended);
+    }
+
+    /// The same spin with a receive that polls the link holding the parser: the
+    /// reader task must give the thread back (to the receive, on a current-thread
+    /// runtime) rather than wait for a lock inside its poll.
+    #[tokio::test]
+    async fn a_reader_that_finds_the_parser_busy_yields() {
+        let (sp, _links) = looped().await;
+        sp.out.ring.push(&[0u8; 5]);
+        let held = sp.inbox.asm.lock();
+        assert_eq!(poll_once(sp.inbox.clone()), Some(false), "the reader task must yield, not spin");
+        drop(held);
+        // With the parser free, the reader reads the bytes (less than a whole header,
+        // so no message yet).
+        assert_eq!(sp.inbox.drain(), Drained::Some);
+        assert_eq!(sp.inbox.ring.readable(), 0);
     }
 }
