@@ -13,7 +13,8 @@
 //! (`--tune`; it measures at 8 B × 2^k by default, `--tune-step 4` for 8 B × 4^k so
 //! that with `--step 2` half of the swept sizes fall between its points). Each cell is the median over repeated runs, each after
 //! a barrier, of the slowest rank's time; the columns run in a shuffled order in each round.
-//! f32 data, sum.
+//! `--confirm` then times the pick against the best forced column head to head wherever
+//! the two differ (see `duels`). f32 data, sum.
 
 use std::time::{Duration, Instant};
 
@@ -56,6 +57,10 @@ struct Args {
     /// Whole sweeps to run; each cell reports the median of the runs.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// After the sweep, time the pick against the best forced algorithm head to head
+    /// wherever they differ (see [`duel`]).
+    #[arg(long)]
+    confirm: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -142,20 +147,38 @@ fn sizes(a: &Args, op: Op, n: usize) -> Vec<usize> {
     std::iter::successors(Some(8usize), |s| (s * step <= max).then_some(s * step)).collect()
 }
 
+/// Rounds per column at `bytes`: more for small messages, whose times scatter more.
+fn rounds(op: Op, n: usize, bytes: usize) -> usize {
+    let moved = if op.per_block() { bytes * n } else { bytes };
+    ((8 << 20) / moved.max(1) + 1).clamp(15, 100)
+}
+
 /// One row: the slowest rank's median time per column (forced algorithms, then auto).
 async fn row<T: LocalTransport>(comm: &Communicator<T>, op: Op, bytes: usize) -> Result<Vec<f64>, String> {
+    let cols: Vec<Option<usize>> = (0..op.algos().len()).map(Some).chain([None]).collect();
+    timed(comm, op, bytes, &cols, rounds(op, comm.size(), bytes)).await
+}
+
+/// The slowest rank's median time (ms) of each of `cols` (an algorithm of
+/// [`Op::algos`], or `None` for the automatic choice) over `iters` rounds, after one
+/// round of warm-up; in each round the columns run in a shuffled order, each after a
+/// barrier.
+async fn timed<T: LocalTransport>(
+    comm: &Communicator<T>,
+    op: Op,
+    bytes: usize,
+    cols: &[Option<usize>],
+    iters: usize,
+) -> Result<Vec<f64>, String> {
     let n = comm.size();
     let c = (bytes / 4).max(1);
     let mut bufs = Bufs { one: vec![1.0; c], all: vec![1.0; n * c], out: vec![0.0; n * c] };
-    let cols = op.algos().len() + 1;
-    let moved = if op.per_block() { bytes * n } else { bytes };
-    let iters = ((8 << 20) / moved.max(1) + 1).clamp(15, 100);
-    let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(iters); cols];
+    let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(iters); cols.len()];
     for round in 0..=iters {
-        for j in hcomm::round_order(cols, round + 7919) {
+        for j in hcomm::round_order(cols.len(), round + 7919) {
             comm.barrier().await.map_err(|e| e.to_string())?;
             let t = Instant::now();
-            op.run(comm, (j + 1 < cols).then_some(j), &mut bufs).await.map_err(|e| e.to_string())?;
+            op.run(comm, cols[j], &mut bufs).await.map_err(|e| e.to_string())?;
             if round > 0 {
                 times[j].push(t.elapsed());
             }
@@ -185,43 +208,120 @@ async fn sweep<T: LocalTransport>(comm: &Communicator<T>, a: &Args, how: &str) -
             }
         }
     }
-    if comm.rank() != 0 {
-        return Ok(());
-    }
+    // Every rank holds the same rows (the slowest rank's times) and the same
+    // selection, so every rank finds the same contested cells for the duels.
+    let mut contested = Vec::new();
     for (o, &op) in ops.iter().enumerate() {
         let name = OPS.iter().find(|(x, _)| *x == op).expect("listed").1;
         let algos = op.algos();
+        let k = algos.len();
         let what = if op.per_block() { "bytes per block" } else { "bytes" };
-        println!(
-            "\n{name} sweep: {} ranks ({how}), transport {}, f32 sum, median of {} runs of the slowest rank's median (ms)\n",
-            comm.size(),
-            comm.transport_name(),
-            a.runs.max(1)
-        );
-        println!("| {what} | {} | auto | auto picks | auto / best | pick / best |", algos.join(" | "));
-        println!("|---|{}---|---|---|---|", "---|".repeat(algos.len()));
+        if comm.rank() == 0 {
+            println!(
+                "\n{name} sweep: {} ranks ({how}), transport {}, f32 sum, median of {} runs of the slowest rank's median (ms)\n",
+                comm.size(),
+                comm.transport_name(),
+                a.runs.max(1)
+            );
+            println!("| {what} | {} | auto | auto picks | auto / best | pick / best |", algos.join(" | "));
+            println!("|---|{}---|---|---|---|", "---|".repeat(k));
+        }
         for (bytes, runs) in sizes(a, op, comm.size()).into_iter().zip(&rows[o]) {
-            let ms: Vec<f64> = (0..=algos.len())
+            let ms: Vec<f64> = (0..=k)
                 .map(|c| {
                     let mut v: Vec<f64> = runs.iter().map(|r| r[c]).collect();
                     v.sort_by(f64::total_cmp);
                     v[v.len() / 2]
                 })
                 .collect();
-            let k = algos.len();
-            let best = ms[..k].iter().copied().fold(f64::INFINITY, f64::min);
+            let best = (0..k).min_by(|&x, &y| ms[x].total_cmp(&ms[y])).expect("every operation has algorithms");
             let pick = op.pick(comm, bytes / 4 * 4);
-            let pick_ms = ms[algos.iter().position(|a| *a == pick).expect("the pick is one of the algorithms")];
-            let cells: Vec<String> = ms[..k].iter().map(|t| format!("{t:.3}")).collect();
-            println!(
-                "| {bytes} | {} | {:.3} | {pick} | {:.2} | {:.2} |",
-                cells.join(" | "),
-                ms[k],
-                ms[k] / best,
-                pick_ms / best
-            );
+            let pick = algos.iter().position(|a| *a == pick).expect("the pick is one of the algorithms");
+            if pick != best {
+                contested.push(Contested { op, bytes, pick, best, sweep: ms[pick] / ms[best] });
+            }
+            if comm.rank() == 0 {
+                let cells: Vec<String> = ms[..k].iter().map(|t| format!("{t:.3}")).collect();
+                println!(
+                    "| {bytes} | {} | {:.3} | {} | {:.2} | {:.2} |",
+                    cells.join(" | "),
+                    ms[k],
+                    algos[pick],
+                    ms[k] / ms[best],
+                    ms[pick] / ms[best]
+                );
+            }
         }
     }
+    if a.confirm {
+        duels(comm, a, &contested).await?;
+    }
+    Ok(())
+}
+
+/// A cell of the sweep where the automatic choice is not the fastest forced column.
+#[derive(Debug, Clone, Copy)]
+struct Contested {
+    op: Op,
+    bytes: usize,
+    pick: usize,
+    best: usize,
+    /// pick / best in the sweep.
+    sweep: f64,
+}
+
+/// Times, for every contested cell, the pick against the sweep's best alone, head to
+/// head: `max(runs, 3)` blocks of three times the sweep's rounds, each round running
+/// the two in a shuffled order after a barrier. Two columns instead of four or five
+/// give each three to five times the sweep's samples in the same minutes, and their
+/// rounds sit closer in time, so the machine's phases fall on both alike. Every cell
+/// where the pick is not the best is timed, not only those over 10% in the sweep, so
+/// that the duels can move a cell either way.
+async fn duels<T: LocalTransport>(comm: &Communicator<T>, a: &Args, contested: &[Contested]) -> Result<(), String> {
+    let blocks = a.runs.max(3);
+    let mut results = Vec::with_capacity(contested.len());
+    for c in contested {
+        let iters = 3 * rounds(c.op, comm.size(), c.bytes);
+        let mut ratios = Vec::with_capacity(blocks);
+        for _ in 0..blocks {
+            let ms = timed(comm, c.op, c.bytes, &[Some(c.pick), Some(c.best)], iters).await?;
+            ratios.push(ms[0] / ms[1]);
+        }
+        ratios.sort_by(f64::total_cmp);
+        results.push(ratios);
+    }
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    println!(
+        "\nduels: {} ranks, the pick against the sweep's best where they differ, {blocks} blocks of 3x the sweep's rounds\n",
+        comm.size()
+    );
+    println!(
+        "| collective | bytes | pick | sweep's best | pick / best in the sweep | head to head: median of blocks | blocks' range |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (c, r) in contested.iter().zip(&results) {
+        let name = OPS.iter().find(|(x, _)| *x == c.op).expect("listed").1;
+        let algos = c.op.algos();
+        println!(
+            "| {name} | {} | {} | {} | {:.2} | {:.2} | {:.2}-{:.2} |",
+            c.bytes,
+            algos[c.pick],
+            algos[c.best],
+            c.sweep,
+            r[r.len() / 2],
+            r[0],
+            r[r.len() - 1]
+        );
+    }
+    let over = |x: f64| x > 1.10;
+    println!(
+        "\ncontested cells: {}; over 1.10 in the sweep: {}; over 1.10 head to head: {}",
+        contested.len(),
+        contested.iter().filter(|c| over(c.sweep)).count(),
+        results.iter().filter(|r| over(r[r.len() / 2])).count()
+    );
     Ok(())
 }
 
