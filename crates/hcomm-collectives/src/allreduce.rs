@@ -412,12 +412,35 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// The choice measured at the size nearest to `bytes` on a log scale (the first
+    /// of equally near ones).
+    ///
+    /// This runs on every collective call that is not forced, so it compares ratios
+    /// in integers: the float version (two `log2` per entry and comparison) cost
+    /// about a microsecond per call with a 22-entry table, measured as a 10–45% gap
+    /// between the automatic choice and the same algorithm forced on 4–8 µs
+    /// shared-memory collectives.
     fn pick<A: Copy>(&self, table: &[(usize, A)], n: usize, bytes: usize) -> Option<A> {
         if n != self.ranks {
             return None;
         }
-        let dist = |size: usize| ((bytes as f64 + 1.0).log2() - (size as f64 + 1.0).log2()).abs();
-        table.iter().min_by(|x, y| dist(x.0).total_cmp(&dist(y.0))).map(|e| e.1)
+        // How far `size` is from `bytes` on a log scale, as the ratio hi / lo of the
+        // two (each plus one, at most 2^62 + 1), kept as the fraction (hi, lo).
+        let at_most = |x: usize| x.min(1 << 62) as u128 + 1;
+        let ratio = |size: usize| {
+            let (a, b) = (at_most(bytes), at_most(size));
+            if a >= b { (a, b) } else { (b, a) }
+        };
+        let mut best: Option<((u128, u128), A)> = None;
+        for &(size, algo) in table {
+            let r = ratio(size);
+            // r < best  <=>  r.0 / r.1 < b.0 / b.1  <=>  r.0 * b.1 < b.0 * r.1 (no
+            // overflow: each factor is below 2^63).
+            if best.is_none_or(|(b, _)| r.0 * b.1 < b.0 * r.1) {
+                best = Some((r, algo));
+            }
+        }
+        best.map(|(_, algo)| algo)
     }
 }
 
@@ -1176,5 +1199,34 @@ mod tests {
         assert_eq!(t.bcast_algo(4, 8, None), t.cost.choose_bcast(4, 8));
         t.allreduce = Some(AllreduceAlgo::Rabenseifner);
         assert_eq!(t.allreduce_algo(4, 100, false, None), AllreduceAlgo::Rabenseifner);
+    }
+
+    /// The integer comparison picks what the nearest size on a log scale is, for
+    /// tables as `tune` leaves them (8 B x 2^k and 8 B x 4^k) and for sizes between
+    /// and beyond their entries; the extremes do not overflow.
+    #[test]
+    fn measured_pick_is_the_nearest_on_a_log_scale() {
+        for step in [2usize, 4] {
+            let sizes: Vec<usize> = std::iter::successors(Some(8usize), |s| Some(s * step)).take(12).collect();
+            let m = Measured { ranks: 2, ..Default::default() };
+            let table: Vec<(usize, usize)> = sizes.iter().map(|&s| (s, s)).collect();
+            let log = |x: usize| (x as f64 + 1.0).log2();
+            let mut x = 0usize;
+            while x < 1 << 26 {
+                let d: Vec<f64> = sizes.iter().map(|&s| (log(x) - log(s)).abs()).collect();
+                let mut order: Vec<usize> = (0..d.len()).collect();
+                order.sort_by(|&a, &b| d[a].total_cmp(&d[b]));
+                // Sizes within rounding of the midpoint of two entries may go either way.
+                if d[order[1]] - d[order[0]] > 1e-9 {
+                    assert_eq!(m.pick(&table, 2, x), Some(sizes[order[0]]), "{x} bytes, table 8 x {step}^k");
+                }
+                x = x * 9 / 8 + 1;
+            }
+            assert_eq!(m.pick(&table, 2, usize::MAX), Some(*sizes.last().unwrap()));
+            assert_eq!(m.pick(&table, 3, 8), None, "another rank count");
+        }
+        let m = Measured { ranks: 1, ..Default::default() };
+        assert_eq!(m.pick(&[(usize::MAX, 1u8), (0, 2)], 1, usize::MAX), Some(1));
+        assert_eq!(m.pick::<u8>(&[], 1, 5), None);
     }
 }
