@@ -120,9 +120,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// at each size and uses that table for automatic selection from now on (forced
     /// algorithms, per call or by environment, still win). The algorithms take turns
     /// within each round, each after a barrier; an algorithm's time is the median over
-    /// rounds of the slowest rank's, so every rank decides alike. Where two algorithms
-    /// come within 15% of each other at a size, the two run again alone with three
-    /// times the rounds, and the faster takes the size. Collective.
+    /// rounds of the slowest rank's, so every rank decides alike. Collective.
     ///
     /// Takes a few seconds for 16 MiB on loopback; the table is for this
     /// communicator's rank count (a split communicator falls back to the cost model).
@@ -137,8 +135,16 @@ impl<T: LocalTransport> Communicator<T> {
         let n = self.size();
         let (whole, block) =
             (tune_sizes(opts.max_bytes, opts.step), tune_sizes((opts.max_bytes / n).max(8), opts.step));
+        let reps = |bytes: usize| ((8 << 20) / bytes.max(1)).clamp(opts.reps.max(1), 8 * opts.reps.max(1));
+        let zero = |k: usize, sizes: &[usize]| vec![vec![0.0; k]; sizes.len()];
         // The hierarchical allreduce is measured where the topology has a hierarchy.
-        let algos = Algos { allreduce: AllreduceAlgo::candidates(self.group.layout()) };
+        let allreduce_algos = AllreduceAlgo::candidates(self.group.layout());
+        let (mut ar, mut bc) = (zero(allreduce_algos.len(), &whole), zero(BcastAlgo::ALL.len(), &whole));
+        let (mut ag, mut rs, mut aa) = (
+            zero(AllgatherAlgo::ALL.len(), &block),
+            zero(ReduceScatterAlgo::ALL.len(), &block),
+            zero(AlltoallAlgo::ALL.len(), &block),
+        );
         // Warm the links first: TCP grows its windows and buffers over a connection's
         // first large transfers, and timings taken before would not hold after.
         let mut warm = vec![0.0f32; (opts.max_bytes / 4).max(1)];
@@ -152,94 +158,45 @@ impl<T: LocalTransport> Communicator<T> {
             .await?;
         }
         drop(warm);
-        let sizes = |f: Family| if f.per_block() { &block } else { &whole };
-        // times[family][size][algorithm]: the sum of the passes' medians.
-        let mut times: Vec<Vec<Vec<f64>>> =
-            FAMILIES.iter().map(|&f| vec![vec![0.0; algos.count(f)]; sizes(f).len()]).collect();
         for _ in 0..opts.passes.max(1) {
-            for (fi, &f) in FAMILIES.iter().enumerate() {
-                for (i, &bytes) in sizes(f).iter().enumerate() {
-                    let all: Vec<usize> = (0..algos.count(f)).collect();
-                    let t = self.time_family(f, &algos, &all, bytes, opts.reps_at(f.moved(bytes, n))).await?;
-                    add_pass(&mut times[fi][i], &t);
-                }
+            for (i, &bytes) in whole.iter().enumerate() {
+                let mut buf = vec![1.0f32; (bytes / 4).max(1)];
+                let t = self.medians(&allreduce_algos, reps(bytes), async |a| {
+                    self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await
+                });
+                add_pass(&mut ar[i], &t.await?);
+                let t = self.medians(&BcastAlgo::ALL, reps(bytes), async |a| self.broadcast_with(&mut buf, 0, a).await);
+                add_pass(&mut bc[i], &t.await?);
+            }
+            for (i, &bytes) in block.iter().enumerate() {
+                let c = (bytes / 4).max(1);
+                let (mine, mut all) = (vec![1.0f32; c], vec![0.0f32; n * c]);
+                let r = reps(bytes * n);
+                let t = self.medians(&AllgatherAlgo::ALL, r, async |a| self.all_gather_with(&mine, &mut all, a).await);
+                add_pass(&mut ag[i], &t.await?);
+                let mut out = vec![0.0f32; c];
+                let t = self.medians(&ReduceScatterAlgo::ALL, r, async |a| {
+                    self.reduce_scatter_with(&all, &mut out, ReduceOp::Sum, a).await
+                });
+                add_pass(&mut rs[i], &t.await?);
+                let mut got = vec![0.0f32; n * c];
+                let t = self.medians(&AlltoallAlgo::ALL, r, async |a| self.all_to_all_with(&all, &mut got, a).await);
+                add_pass(&mut aa[i], &t.await?);
             }
         }
-        let mut picks: Vec<Vec<usize>> =
-            FAMILIES.iter().enumerate().map(|(fi, &f)| fastest(sizes(f), &times[fi])).collect();
-        // Runoff: where the pick's closest rival at a size comes within RUNOFF_MARGIN
-        // of it (or beat it there, the smoothing having decided), the two alone run
-        // again, three times as many rounds, and the faster takes the size. With two
-        // contenders instead of up to five, each gets several times the samples, close
-        // together in time: a noisy pass no longer decides between two algorithms
-        // that lie within the machine's noise of each other at a crossover.
-        for (fi, &f) in FAMILIES.iter().enumerate() {
-            for (i, &bytes) in sizes(f).iter().enumerate() {
-                let (t, pick) = (&times[fi][i], picks[fi][i]);
-                let rival = (0..t.len()).filter(|&a| a != pick).min_by(|&x, &y| t[x].total_cmp(&t[y]));
-                let Some(rival) = rival.filter(|&r| t[r] < t[pick] * RUNOFF_MARGIN) else { continue };
-                let reps = 3 * opts.reps_at(f.moved(bytes, n));
-                let duel = self.time_family(f, &algos, &[pick, rival], bytes, reps).await?;
-                if duel[1] < duel[0] {
-                    picks[fi][i] = rival;
-                }
-            }
-        }
-        let table = |f: Family| sizes(f).iter().copied().zip(picks[f as usize].iter().copied());
         let m = Measured {
             ranks: n,
-            allreduce: table(Family::Allreduce).map(|(s, a)| (s, algos.allreduce[a])).collect(),
-            broadcast: table(Family::Broadcast).map(|(s, a)| (s, BcastAlgo::ALL[a])).collect(),
-            allgather: table(Family::Allgather).map(|(s, a)| (s, AllgatherAlgo::ALL[a])).collect(),
-            reduce_scatter: table(Family::ReduceScatter).map(|(s, a)| (s, ReduceScatterAlgo::ALL[a])).collect(),
-            alltoall: table(Family::Alltoall).map(|(s, a)| (s, AlltoallAlgo::ALL[a])).collect(),
+            allreduce: fastest(&whole, &ar, &allreduce_algos),
+            broadcast: fastest(&whole, &bc, &BcastAlgo::ALL),
+            allgather: fastest(&block, &ag, &AllgatherAlgo::ALL),
+            reduce_scatter: fastest(&block, &rs, &ReduceScatterAlgo::ALL),
+            alltoall: fastest(&block, &aa, &AlltoallAlgo::ALL),
         };
         let mut t = self.tuning().clone();
         t.measured = m.clone();
         self.set_tuning(t);
         tracing::debug!(?m, "tuned");
         Ok(m)
-    }
-
-    /// [`Communicator::medians`] of the algorithms `which` (indices into the family's
-    /// list in `algos`) of family `f` at `bytes` (see [`Family::per_block`]), f32 sum.
-    async fn time_family(
-        &self,
-        f: Family,
-        algos: &Algos,
-        which: &[usize],
-        bytes: usize,
-        reps: usize,
-    ) -> Result<Vec<f64>> {
-        let (n, c) = (self.size(), (bytes / 4).max(1));
-        match f {
-            Family::Allreduce => {
-                let mut buf = vec![1.0f32; c];
-                let list: Vec<AllreduceAlgo> = which.iter().map(|&a| algos.allreduce[a]).collect();
-                self.medians(&list, reps, async |a| self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await).await
-            }
-            Family::Broadcast => {
-                let mut buf = vec![1.0f32; c];
-                let list: Vec<BcastAlgo> = which.iter().map(|&a| BcastAlgo::ALL[a]).collect();
-                self.medians(&list, reps, async |a| self.broadcast_with(&mut buf, 0, a).await).await
-            }
-            Family::Allgather => {
-                let (mine, mut all) = (vec![1.0f32; c], vec![0.0f32; n * c]);
-                let list: Vec<AllgatherAlgo> = which.iter().map(|&a| AllgatherAlgo::ALL[a]).collect();
-                self.medians(&list, reps, async |a| self.all_gather_with(&mine, &mut all, a).await).await
-            }
-            Family::ReduceScatter => {
-                let (all, mut out) = (vec![1.0f32; n * c], vec![0.0f32; c]);
-                let list: Vec<ReduceScatterAlgo> = which.iter().map(|&a| ReduceScatterAlgo::ALL[a]).collect();
-                self.medians(&list, reps, async |a| self.reduce_scatter_with(&all, &mut out, ReduceOp::Sum, a).await)
-                    .await
-            }
-            Family::Alltoall => {
-                let (all, mut got) = (vec![1.0f32; n * c], vec![0.0f32; n * c]);
-                let list: Vec<AlltoallAlgo> = which.iter().map(|&a| AlltoallAlgo::ALL[a]).collect();
-                self.medians(&list, reps, async |a| self.all_to_all_with(&all, &mut got, a).await).await
-            }
-        }
     }
 
     /// The time `run` takes with each of `algos`: median over `reps` rounds (after
@@ -282,12 +239,12 @@ fn add_pass(sum: &mut [f64], pass: &[f64]) {
     }
 }
 
-/// The fastest algorithm (its index) at each size, judged on times relative to the
-/// best at that size, smoothed with both neighbouring sizes (weights 1, 4, 1): the
-/// curves are smooth in the size while the noise of a shared machine is not, so an
-/// outlier that wins by a small margin against both neighbours' evidence does not
-/// decide, while a clear winner at its own size does.
-fn fastest(sizes: &[usize], times: &[Vec<f64>]) -> Vec<usize> {
+/// The fastest algorithm at each size, judged on times relative to the best at that
+/// size, smoothed with both neighbouring sizes (weights 1, 4, 1): the curves are
+/// smooth in the size while the noise of a shared machine is not, so an outlier that
+/// wins by a small margin against both neighbours' evidence does not decide, while a
+/// clear winner at its own size does.
+fn fastest<A: Copy>(sizes: &[usize], times: &[Vec<f64>], algos: &[A]) -> Vec<(usize, A)> {
     let rel: Vec<Vec<f64>> = times
         .iter()
         .map(|t| {
@@ -307,63 +264,11 @@ fn fastest(sizes: &[usize], times: &[Vec<f64>]) -> Vec<usize> {
                 }
                 sum / weight
             };
-            (0..rel[i].len()).min_by(|&x, &y| score(x).total_cmp(&score(y))).expect("a family has algorithms")
+            let best =
+                (0..algos.len()).min_by(|&x, &y| score(x).total_cmp(&score(y))).expect("a family has algorithms");
+            (sizes[i], algos[best])
         })
         .collect()
-}
-
-/// How close (as a factor of the pick's time) the best other algorithm must come at
-/// a size for [`Communicator::tune`] to run the two off.
-const RUNOFF_MARGIN: f64 = 1.15;
-
-/// The collective families [`Communicator::tune`] measures, in its order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Family {
-    Allreduce,
-    Broadcast,
-    Allgather,
-    ReduceScatter,
-    Alltoall,
-}
-
-const FAMILIES: [Family; 5] =
-    [Family::Allreduce, Family::Broadcast, Family::Allgather, Family::ReduceScatter, Family::Alltoall];
-
-impl Family {
-    /// Whether sizes are one rank's block (else the whole buffer).
-    fn per_block(self) -> bool {
-        matches!(self, Family::Allgather | Family::ReduceScatter | Family::Alltoall)
-    }
-
-    /// The bytes one run moves through the buffers at size `bytes` over `n` ranks.
-    fn moved(self, bytes: usize, n: usize) -> usize {
-        if self.per_block() { bytes * n } else { bytes }
-    }
-}
-
-/// The algorithms of the families whose list depends on the communicator.
-struct Algos {
-    allreduce: Vec<AllreduceAlgo>,
-}
-
-impl Algos {
-    fn count(&self, f: Family) -> usize {
-        match f {
-            Family::Allreduce => self.allreduce.len(),
-            Family::Broadcast => BcastAlgo::ALL.len(),
-            Family::Allgather => AllgatherAlgo::ALL.len(),
-            Family::ReduceScatter => ReduceScatterAlgo::ALL.len(),
-            Family::Alltoall => AlltoallAlgo::ALL.len(),
-        }
-    }
-}
-
-impl TuneOptions {
-    /// Timed rounds at a size where one run moves `moved` bytes: `reps` from 8 MiB
-    /// up, up to 8 times that for small sizes, whose times are noisier.
-    fn reps_at(&self, moved: usize) -> usize {
-        ((8 << 20) / moved.max(1)).clamp(self.reps.max(1), 8 * self.reps.max(1))
-    }
 }
 
 #[cfg(test)]
@@ -376,8 +281,9 @@ mod tests {
         // Algorithm 0 wins small, 1 wins large; size 32 has a noisy outlier.
         let times =
             vec![vec![1.0, 2.0], vec![1.0, 2.0], vec![1.3, 1.0], vec![1.0, 2.0], vec![3.0, 1.0], vec![3.0, 1.0]];
-        assert_eq!(fastest(&sizes, &times), vec![0, 0, 0, 0, 1, 1]);
-        assert_eq!(fastest(&[8], &[vec![2.0, 1.0, 3.0]]), vec![1]);
+        let picks: Vec<usize> = fastest(&sizes, &times, &[0, 1]).into_iter().map(|p| p.1).collect();
+        assert_eq!(picks, vec![0, 0, 0, 0, 1, 1]);
+        assert_eq!(fastest(&[8], &[vec![2.0, 1.0, 3.0]], &['a', 'b', 'c']), vec![(8, 'b')]);
     }
 
     #[test]
