@@ -1000,21 +1000,14 @@ async fn ring_column<T: LocalTransport, E: Element>(
     if op == ReduceOp::Avg {
         E::div_count(pieces[own], n);
     }
-    // Allgather: pass the reduced pieces on. From the second step, the piece to send
-    // is the one just received: its bytes go on as they came, without a copy.
-    let mut received = None;
+    // Allgather: pass the reduced pieces on.
     for s in 0..n - 1 {
         let (send_seg, recv_seg) = ((pos + 1 + n - s) % n, (pos + n - s) % n);
         let tag = col | ring_tag(n - 1 + s, 0);
-        let payload = received.take().unwrap_or_else(|| ctx.payload(pieces[send_seg]));
+        let payload = ctx.payload(pieces[send_seg]);
         let recv = ctx.recv(left, tag);
         let dst = &mut *pieces[recv_seg];
-        let copied = async move {
-            let data = recv.await?;
-            copy_in(dst, &data)?;
-            Ok(data)
-        };
-        received = Some(try_join(ctx.send(right, tag, payload), copied).await?.1);
+        try_join(ctx.send(right, tag, payload), async move { copy_in(dst, &recv.await?) }).await?;
     }
     Ok(())
 }

@@ -271,21 +271,13 @@ pub(crate) async fn ring_allgatherv_in<T: LocalTransport, E: Element>(
     let ring = ctx.ring();
     let pos = ring.iter().position(|&r| r == me).expect("the ring holds every rank");
     let (left, right) = (ring[(pos + n - 1) % n], ring[(pos + 1) % n]);
-    // From the second step, the block to send is the one just received: its bytes go
-    // on as they came, without a copy.
-    let mut received = None;
     for s in 0..n.saturating_sub(1) {
         let (sb, rb) = (ring[(pos + n - s) % n], ring[(pos + 2 * n - s - 1) % n]);
-        let payload = received.take().unwrap_or_else(|| ctx.payload(&buf[off[sb]..off[sb + 1]]));
+        let payload = ctx.payload(&buf[off[sb]..off[sb + 1]]);
         let step_tag = tag + s as u32;
         let incoming = ctx.recv(left, step_tag);
         let dst = &mut buf[off[rb]..off[rb + 1]];
-        let copied = async move {
-            let data = incoming.await?;
-            copy_in(dst, &data)?;
-            Ok(data)
-        };
-        received = Some(try_join(ctx.send(right, step_tag, payload), copied).await?.1);
+        try_join(ctx.send(right, step_tag, payload), async move { copy_in(dst, &incoming.await?) }).await?;
     }
     Ok(())
 }

@@ -71,18 +71,14 @@ pub(crate) async fn bcast_binomial<T: LocalTransport, E: Element>(
     let vr = order.iter().position(|&r| r == ctx.rank()).expect("the tree holds every rank");
     let real = |v: usize| order[v];
     let mut mask = 1;
-    let mut received = None;
     while mask < n {
         if vr & mask != 0 {
-            let data = ctx.recv(real(vr - mask), tag).await?;
-            copy_in(buf, &data)?;
-            received = Some(data);
+            copy_in(buf, &ctx.recv(real(vr - mask), tag).await?)?;
             break;
         }
         mask <<= 1;
     }
-    // What a rank received goes on to its children as it came, without a copy.
-    let payload = received.unwrap_or_else(|| ctx.payload(buf));
+    let payload = ctx.payload(buf);
     let mut sends = Vec::new();
     mask >>= 1;
     while mask > 0 {
@@ -130,17 +126,11 @@ async fn bcast_chain<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mu
     let mut recvs = recvs.into_iter();
     let mut sends = Vec::new();
     for (k, piece) in pieces.into_iter().enumerate() {
-        // A piece received goes on down the chain as it came, without a copy.
-        let payload = match recvs.next() {
-            Some(r) => {
-                let data = r.await?;
-                copy_in(piece, &data)?;
-                data
-            }
-            None => ctx.payload(piece),
-        };
+        if let Some(r) = recvs.next() {
+            copy_in(piece, &r.await?)?;
+        }
         if vr + 1 < n {
-            sends.push(ctx.send(next, k as u32, payload));
+            sends.push(ctx.send(next, k as u32, ctx.payload(piece)));
         }
     }
     try_join_all(sends).await?;
