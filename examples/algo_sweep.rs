@@ -58,7 +58,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     runs: usize,
     /// After the sweep, time the pick against the best forced algorithm head to head
-    /// wherever they differ (see [`duel`]).
+    /// wherever they differ (see [`duels`]).
     #[arg(long)]
     confirm: bool,
 }
@@ -81,6 +81,11 @@ const OPS: [(Op, &str); 5] = [
 ];
 
 impl Op {
+    /// The name `--op` takes and the tables print.
+    fn name(self) -> &'static str {
+        OPS.iter().find(|(x, _)| *x == self).expect("every operation is listed").1
+    }
+
     fn algos(self) -> Vec<&'static str> {
         match self {
             Op::Allreduce => AllreduceAlgo::SELECTABLE.iter().map(|a| a.name()).collect(),
@@ -212,7 +217,7 @@ async fn sweep<T: LocalTransport>(comm: &Communicator<T>, a: &Args, how: &str) -
     // selection, so every rank finds the same contested cells for the duels.
     let mut contested = Vec::new();
     for (o, &op) in ops.iter().enumerate() {
-        let name = OPS.iter().find(|(x, _)| *x == op).expect("listed").1;
+        let name = op.name();
         let algos = op.algos();
         let k = algos.len();
         let what = if op.per_block() { "bytes per block" } else { "bytes" };
@@ -302,7 +307,7 @@ async fn duels<T: LocalTransport>(comm: &Communicator<T>, a: &Args, contested: &
     );
     println!("|---|---|---|---|---|---|---|");
     for (c, r) in contested.iter().zip(&results) {
-        let name = OPS.iter().find(|(x, _)| *x == c.op).expect("listed").1;
+        let name = c.op.name();
         let algos = c.op.algos();
         println!(
             "| {name} | {} | {} | {} | {:.2} | {:.2} | {:.2}-{:.2} |",
