@@ -15,7 +15,16 @@
 //! transport with registered memory (io_uring fixed buffers, RDMA memory regions) hands
 //! out buffers that it can send without a copy or a registration; a `Bytes` can wrap
 //! such memory through `Bytes::from_owner`.
+//!
+//! The methods that return futures are declared as `fn … -> impl Future`, not as
+//! `async fn`: the blanket implementation of [`LocalTransport`] for every [`Transport`]
+//! then calls the transport's method at once, so that what a transport does at the
+//! call (queueing a message, for [`send`](LocalTransport::send)) happens at the call
+//! for generic callers too. (For an `async fn`, `trait-variant` forwards inside another
+//! `async fn`, which would defer the call to the first poll: a send dropped unpolled
+//! would be lost, and two sends polled out of order would overtake each other.)
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -72,7 +81,7 @@ pub trait LocalTransport {
     /// # Cancel safety
     /// The message is queued when this method is called. Dropping the future does not
     /// withdraw it; it only stops waiting for the hand-over.
-    async fn send(&self, peer: Rank, header: Header, payload: Bytes) -> Result<()>;
+    fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>>;
 
     /// Queues a message to `peer` without waiting for anything: for control frames
     /// (aborts) sent from places that cannot wait, such as `Drop`. Failures are
@@ -97,5 +106,5 @@ pub trait LocalTransport {
     /// # Cancel safety
     /// Dropping the future leaves the transport closed, its connections ending as
     /// after [`LocalTransport::close`].
-    async fn shutdown(&self, deadline: std::time::Duration) -> Result<()>;
+    fn shutdown(&self, deadline: std::time::Duration) -> impl Future<Output = Result<()>>;
 }

@@ -57,6 +57,19 @@ async fn tcp_in_flight_and_mismatch() {
     mismatch(&mut comms).await;
 }
 
+/// Over tcp, shared memory and io_uring.
+#[tokio::test(flavor = "current_thread")]
+async fn sends_are_queued_at_the_call() {
+    sends_queue_at_the_call(&hcomm::local_tcp(2).await.unwrap()).await;
+    sends_queue_at_the_call(&hcomm::local_shm(2).await.unwrap()).await;
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    std::thread::spawn(|| {
+        tokio_uring::start(async { sends_queue_at_the_call(&hcomm::local_uring(2).await.unwrap()).await })
+    })
+    .join()
+    .unwrap();
+}
+
 /// The last rank's communicator goes: an allreduce of the others fails with a
 /// peer-failed error naming it, on each of them.
 async fn peer_that_closes<T: LocalTransport>(mut comms: Vec<Communicator<T>>) {

@@ -31,6 +31,11 @@ async fn same_tag_messages_keep_their_order() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn sends_are_queued_at_the_call() {
+    sends_queue_at_the_call(&hcomm::local(2)).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn type_and_length_mismatches_are_errors() {
     let mut comms = hcomm::local(2);
     comms[1].set_timeout(Duration::from_secs(5));

@@ -213,6 +213,30 @@ pub async fn matrix_with<T: LocalTransport>(comms: &[Communicator<T>], sizes: &[
 
 /// Point-to-point: every rank sends `count` elements to every other rank (and
 /// itself) under two tags, and checks what it receives against what was sent.
+/// Sends are queued when they are called, not when first polled: rank 0 starts five
+/// sends under one tag (small and large, slices and owned bytes), drops one without
+/// ever polling it and awaits the others in reverse; rank 1 receives all five in the
+/// order of the calls, the dropped one included.
+pub async fn sends_queue_at_the_call<T: LocalTransport>(comms: &[Communicator<T>]) {
+    let msgs: Vec<Vec<u8>> =
+        [10, 300_007, 0, 70_001, 5].iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
+    let mut sends = vec![
+        Box::pin(comms[0].send(1, 77, &msgs[0])) as std::pin::Pin<Box<dyn std::future::Future<Output = _>>>,
+        Box::pin(comms[0].send(1, 77, &msgs[1])),
+        Box::pin(comms[0].send_bytes(1, 77, bytes::Bytes::from(msgs[2].clone()))),
+        Box::pin(comms[0].send(1, 77, &msgs[3])),
+        Box::pin(comms[0].send_bytes(1, 77, bytes::Bytes::from(msgs[4].clone()))),
+    ];
+    drop(sends.remove(1));
+    for s in sends.into_iter().rev() {
+        s.await.unwrap();
+    }
+    for (i, m) in msgs.iter().enumerate() {
+        let got = comms[1].recv::<u8>(0, 77).await.unwrap();
+        assert!(got == *m, "message {i} ({} bytes) out of order or missing: got {} bytes", m.len(), got.len());
+    }
+}
+
 pub async fn p2p_all_pairs<T: LocalTransport>(comms: &[Communicator<T>], count: usize, seed: u64) {
     let n = comms.len();
     let data = |from: usize, to: usize, tag: u32| -> Vec<u64> {
