@@ -16,7 +16,10 @@
 //! and point to point 1). As in nccl-tests, the size of allgather, reduce_scatter and
 //! alltoall is the whole buffer (n blocks). `latency` is half the round trip of a
 //! ping-pong between ranks 0 and 1; `bw` streams windows of `--window` messages from
-//! rank 0 to rank 1, each window answered by a 4-byte acknowledgement (as osu_bw).
+//! rank 0 to rank 1, each window answered by a 4-byte acknowledgement (as osu_bw);
+//! rank 1 posts a window's receives at once, each into its own buffer (at most 1 GiB
+//! of them; a window of larger messages is received in rounds), as
+//! `benches/compare/mpi_p2p.c` does with `MPI_Irecv`.
 //! `latency_bytes` and `bw_bytes` (not in `all`) do the same through `send_bytes` and
 //! `recv_bytes`, which hand buffers over instead of copying them in and out.
 //! Ranks above 1 idle during both.
@@ -257,7 +260,14 @@ struct Bufs {
     bytes: Vec<u8>,
     /// The same bytes, to hand over whole (`*_bytes` ops).
     owned: Bytes,
+    /// Receive buffers of `bw` at rank 1: the receives of a window are posted at once,
+    /// each into its own buffer (as MPI_Irecv into the window's buffers).
+    window: Vec<Vec<u8>>,
 }
+
+/// The most memory the receive buffers of a `bw` window take: a window of larger
+/// messages is received in rounds of as many as fit.
+const WINDOW_BYTES: usize = 1 << 30;
 
 async fn once<T: LocalTransport>(
     comm: &Communicator<T>,
@@ -320,8 +330,12 @@ async fn once<T: LocalTransport>(
                 comm.recv::<u8>(1, 3).await.map(drop)
             }
             1 => {
-                for _ in 0..window {
-                    comm.recv_into(0, 2, &mut bufs.bytes).await?;
+                let mut left = window;
+                while left > 0 {
+                    let k = left.min(bufs.window.len());
+                    let recvs = bufs.window[..k].iter_mut().map(|b| comm.recv_into(0, 2, b));
+                    futures::future::try_join_all(recvs).await?;
+                    left -= k;
                 }
                 comm.send(0, 3, &[0u8; 4]).await
             }
@@ -370,6 +384,10 @@ async fn measure<T: LocalTransport>(
         b: vec![1.0; if op == Op::Alltoall { elems } else { elems.div_ceil(n).max(1) }],
         bytes: vec![7u8; bytes],
         owned: Bytes::from(vec![7u8; bytes]),
+        window: match (op, comm.rank()) {
+            (Op::Bw, 1) => vec![vec![0u8; bytes]; a.window.min(WINDOW_BYTES / bytes.max(1)).max(1)],
+            _ => Vec::new(),
+        },
     };
     let (it, warm) = iters(a, bytes);
     for _ in 0..warm {

@@ -27,11 +27,77 @@ use crate::Rank;
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameKind, Header};
 
-/// A complete message: its (first fragment's) header and the whole payload.
+/// A complete message: its (first fragment's) header and the whole payload, which is
+/// either here (`payload`) or still in the sender's memory (`remote`, from a
+/// shared-memory peer that lends large messages instead of copying them through the
+/// ring; `payload` is then empty).
 #[derive(Debug, Clone)]
 pub struct Frame {
     pub header: Header,
     pub payload: Bytes,
+    pub remote: Option<Arc<dyn RemotePayload>>,
+}
+
+/// A message payload that is still in the sending process's memory: the receiver
+/// copies it out once, straight into its destination. Dropping the last reference
+/// tells the sender it may let the memory go.
+pub trait RemotePayload: Send + Sync + std::fmt::Debug {
+    /// The payload's length in bytes.
+    fn len(&self) -> usize;
+
+    /// Whether the payload is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the whole payload into `dst`, which must be exactly
+    /// [`len`](RemotePayload::len) bytes long.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a `dst` of another length; a peer-failed error
+    /// naming the sender if its memory could not be read (the process died, or closed
+    /// its side before the copy was done). `dst` is then partly written.
+    fn read_into(&self, dst: &mut [u8]) -> Result<()>;
+
+    /// Copies the whole payload into a new buffer from the [`pool`](crate::pool).
+    ///
+    /// # Errors
+    /// As [`RemotePayload::read_into`].
+    fn read(&self) -> Result<Bytes>;
+}
+
+impl Frame {
+    /// A frame whose payload is here.
+    pub fn new(header: Header, payload: Bytes) -> Frame {
+        Frame { header, payload, remote: None }
+    }
+
+    /// A frame whose payload is still in the sender's memory.
+    pub fn lent(header: Header, remote: Arc<dyn RemotePayload>) -> Frame {
+        Frame { header, payload: Bytes::new(), remote: Some(remote) }
+    }
+
+    /// The payload's length, wherever it is.
+    pub fn len(&self) -> usize {
+        self.remote.as_ref().map_or(self.payload.len(), |r| r.len())
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same frame with its payload here: a remote payload is copied into a
+    /// buffer from the [`pool`](crate::pool) (and its sender told it may let go).
+    ///
+    /// # Errors
+    /// As [`RemotePayload::read_into`].
+    pub fn into_local(self) -> Result<Frame> {
+        match self.remote {
+            Some(remote) => Ok(Frame::new(self.header, remote.read()?)),
+            None => Ok(self),
+        }
+    }
 }
 
 /// What a receive matches on. Point-to-point messages use `seq == 0`; collectives
@@ -100,6 +166,9 @@ pub struct Mailbox {
     inner: Mutex<Inner>,
     /// Whether `Inner::aborted_comms` holds anything (checked without the lock).
     any_comm_aborted: AtomicBool,
+    /// Whether `Inner::failed_peers` holds anything (every send asks; no lock until a
+    /// peer has failed).
+    any_peer_failed: AtomicBool,
     /// Set by a transport whose links a receive can poll itself (shared memory).
     progress: OnceLock<Arc<Progress>>,
 }
@@ -146,6 +215,11 @@ const NO_PEER: u32 = u32::MAX;
 
 /// The sequence number an abort frame carries when it aborts the whole communicator.
 pub const COMM_ABORT_SEQ: u64 = u64::MAX;
+
+/// The communicator id under which a transport tells a lending send that the peer
+/// has its message (sequence number: the loan's number). Communicator ids are hashes,
+/// so no communicator has it.
+pub const LOAN_COMM: u64 = u64::MAX;
 
 /// Polls `src`'s link (see [`Progress`]) until `rx` holds the message or the spin is
 /// over; `None` if it still waits. The waker `rx` registered stays registered.
@@ -215,6 +289,7 @@ impl Mailbox {
             rank,
             inner: Mutex::new(Inner::default()),
             any_comm_aborted: AtomicBool::new(false),
+            any_peer_failed: AtomicBool::new(false),
             progress: OnceLock::new(),
         }
     }
@@ -258,15 +333,39 @@ impl Mailbox {
             FrameKind::Data => self.deliver_data(frame),
             // Liveness only: the transport that received it has noted the traffic.
             FrameKind::Heartbeat => {}
+            // The shared-memory transport turns these into lent data frames and
+            // releases; other transports refuse them as protocol errors.
+            FrameKind::Pull | FrameKind::Release => {
+                tracing::debug!(kind = ?h.kind, src = h.src, "transport-level frame reached the mailbox; dropped");
+            }
         }
     }
 
-    fn deliver_data(&self, mut frame: Frame) {
+    fn deliver_data(&self, frame: Frame) {
         let key = MatchKey::of(&frame.header);
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
+        let Some(frame) = Self::to_waiter(inner, key, frame) else { return };
+        match inner.slots.entry(key).or_insert_with(|| Slot::Arrived(VecDeque::new())) {
+            Slot::Arrived(q) => q.push_back(frame),
+            Slot::Waiting(_) => unreachable!("waiting slots were drained above"),
+        }
+    }
+
+    /// Hands a data frame to the receive that waits for it, if one does; otherwise
+    /// gives it back (and the caller may [`deliver`](Mailbox::deliver) it later, in
+    /// the order frames with its key arrived). A frame of an aborted operation is
+    /// dropped (`None`).
+    pub fn deliver_waiting(&self, frame: Frame) -> Option<Frame> {
+        let key = MatchKey::of(&frame.header);
+        Self::to_waiter(&mut self.inner.lock(), key, frame)
+    }
+
+    /// The frame back if no live receive waits for `key` (`None`: taken, or dropped
+    /// because its operation was aborted).
+    fn to_waiter(inner: &mut Inner, key: MatchKey, mut frame: Frame) -> Option<Frame> {
         if inner.aborted.contains_key(&(key.comm, key.seq)) || inner.aborted_comms.contains_key(&key.comm) {
-            return;
+            return None;
         }
         if let Some(Slot::Waiting(waiters)) = inner.slots.get_mut(&key) {
             while let Some(tx) = waiters.pop_front() {
@@ -275,7 +374,7 @@ impl Mailbox {
                         if waiters.is_empty() {
                             inner.slots.remove(&key);
                         }
-                        return;
+                        return None;
                     }
                     // That receive was cancelled: offer the frame to the next one.
                     Err(Ok(f)) => frame = f,
@@ -284,10 +383,7 @@ impl Mailbox {
             }
             inner.slots.remove(&key);
         }
-        match inner.slots.entry(key).or_insert_with(|| Slot::Arrived(VecDeque::new())) {
-            Slot::Arrived(q) => q.push_back(frame),
-            Slot::Waiting(_) => unreachable!("waiting slots were drained above"),
-        }
+        Some(frame)
     }
 
     /// Waits for the next message matching `key`. The wait is registered when this
@@ -304,6 +400,20 @@ impl Mailbox {
     /// A message already handed to this receive when it is dropped is lost, so cancel
     /// only receives whose operation is abandoned.
     pub fn recv(&self, key: MatchKey) -> impl Future<Output = Result<Frame>> + Send + 'static {
+        let frame = self.recv_frame(key);
+        async move { frame.await?.into_local() }
+    }
+
+    /// As [`Mailbox::recv`], but a payload still in the sender's memory stays there
+    /// ([`Frame::remote`]): the receiver copies it out itself, straight to where it
+    /// goes ([`RemotePayload::read_into`]).
+    ///
+    /// # Errors
+    /// As [`Mailbox::recv`].
+    ///
+    /// # Cancel safety
+    /// As [`Mailbox::recv`].
+    pub fn recv_frame(&self, key: MatchKey) -> impl Future<Output = Result<Frame>> + Send + 'static {
         let rx = self.post(key);
         let rank = self.rank;
         let progress = self.progress.get().cloned();
@@ -367,6 +477,7 @@ impl Mailbox {
             return;
         }
         inner.failed_peers.insert(peer, err.clone());
+        self.any_peer_failed.store(true, Ordering::Release);
         Self::fail_waiters(&mut inner, |k| k.src == peer, &err);
     }
 
@@ -415,6 +526,9 @@ impl Mailbox {
 
     /// The error a peer failed with, if it failed.
     pub fn peer_failure(&self, peer: Rank) -> Option<Error> {
+        if !self.any_peer_failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.inner.lock().failed_peers.get(&peer).cloned()
     }
 
@@ -453,7 +567,7 @@ mod tests {
 
     fn frame(src: Rank, seq: u64, tag: u32, byte: u8) -> Frame {
         let h = Header::data(src, 1, seq, tag, &Signature::bare(OpKind::Send, 1), 1);
-        Frame { header: h, payload: Bytes::from(vec![byte]) }
+        Frame::new(h, Bytes::from(vec![byte]))
     }
 
     fn key(src: Rank, seq: u64, tag: u32) -> MatchKey {
@@ -494,7 +608,7 @@ mod tests {
         assert!(m.recv(key(2, 5, 0)).await.unwrap_err().is_peer_failed());
 
         let abort = Header::control(FrameKind::Abort, OpKind::AllReduce, 1, 1, 3, 0);
-        m.deliver(Frame { header: abort, payload: encode_abort(&Error::new(ErrorKind::Mismatch, "len")) });
+        m.deliver(Frame::new(abort, encode_abort(&Error::new(ErrorKind::Mismatch, "len"))));
         let e = other.await.unwrap_err();
         assert!(e.is_mismatch(), "{e}");
         assert_eq!(e.peer(), Some(1));

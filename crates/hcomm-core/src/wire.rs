@@ -45,6 +45,14 @@ pub enum FrameKind {
     /// Sent on an otherwise idle link so that the receiver can tell a silent peer from
     /// a dead one; no payload, never delivered to operations.
     Heartbeat = 4,
+    /// Shared-memory links only: a data message whose payload stays in the sender's
+    /// memory for the receiver to copy out itself (single copy, by cross-memory
+    /// attach). The header is the message's; the payload describes where the bytes
+    /// are (see the shared-memory transport).
+    Pull = 5,
+    /// Shared-memory links only: the receiver has copied (or dropped) the messages
+    /// whose numbers the payload lists, so the sender may let their memory go.
+    Release = 6,
 }
 
 impl FrameKind {
@@ -54,6 +62,8 @@ impl FrameKind {
             2 => Some(FrameKind::Abort),
             3 => Some(FrameKind::Close),
             4 => Some(FrameKind::Heartbeat),
+            5 => Some(FrameKind::Pull),
+            6 => Some(FrameKind::Release),
             _ => None,
         }
     }

@@ -27,8 +27,10 @@ use tokio::time::{Instant, timeout, timeout_at};
 const HELLO_MAGIC: [u8; 4] = *b"HCMH";
 /// Version of the handshake (2: with proofs of the job key; 3: with the link index
 /// and count, for several connections per peer; 4: the same hello, but bundles of
-/// several connections send probe segments, which a version-3 peer refuses).
-const HELLO_VERSION: u8 = 4;
+/// several connections send probe segments, which a version-3 peer refuses; 5: the
+/// same, but shared-memory links carry lent messages and their releases, frame kinds
+/// a version-4 peer refuses).
+const HELLO_VERSION: u8 = 5;
 const HELLO_LEN: usize = 32;
 const KIND_HELLO: u8 = 1;
 const KIND_ACK: u8 = 2;

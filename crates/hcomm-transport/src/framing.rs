@@ -276,7 +276,7 @@ impl Assembler {
             return None;
         }
         let p = self.partial.remove(&id).expect("present");
-        Some(Frame { header: p.header, payload: p.data.freeze() })
+        Some(Frame::new(p.header, p.data.freeze()))
     }
 
     /// The next complete message in the bytes received so far.
@@ -313,7 +313,7 @@ impl Assembler {
             if arrived && h.offset == 0 && u64::from(h.frag_len) == h.msg_len {
                 // A whole message in the read buffer: split off, no copy.
                 self.buf.advance(HEADER_LEN);
-                return Ok(Some(Frame { header: h, payload: self.buf.split_to(n).freeze() }));
+                return Ok(Some(Frame::new(h, self.buf.split_to(n).freeze())));
             }
             let p = Self::message_of(&mut self.partial, &h)?;
             // Validated: consume the header and what arrived of the fragment.

@@ -25,7 +25,7 @@ pub mod tls;
 pub use bundle::BundleStats;
 pub use connect::{MeshOptions, connect_mesh, connect_mesh_links};
 pub use mem::MemTransport;
-pub use shm::{ShmOptions, ShmPair};
+pub use shm::{ShmOptions, ShmPair, ShmStats};
 pub use stream::{PeerLink, StreamOptions, StreamTransport};
 
 /// Whether this build has the RDMA transport (cargo feature `rdma`).

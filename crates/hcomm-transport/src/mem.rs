@@ -39,7 +39,7 @@ impl MemTransport {
         }
         header.src = self.rank as u32;
         header.msg_len = payload.len() as u64;
-        self.boxes[peer].deliver(Frame { header, payload });
+        self.boxes[peer].deliver(Frame::new(header, payload));
         Ok(())
     }
 }
@@ -64,6 +64,10 @@ impl Transport for MemTransport {
     fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>> + Send {
         let r = self.deliver(peer, header, payload);
         async move { r }
+    }
+
+    fn send_borrowed(&self, peer: Rank, header: Header, data: &[u8]) -> impl Future<Output = Result<()>> + Send {
+        self.send(peer, header, self.payload_from(data))
     }
 
     fn post(&self, peer: Rank, header: Header, payload: Bytes) {

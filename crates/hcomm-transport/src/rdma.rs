@@ -495,7 +495,7 @@ impl RdmaTransport {
         header.offset = 0;
         header.frag_len = 0;
         let Some(q) = &self.queues[peer] else {
-            self.shared.mailbox.deliver(Frame { header, payload });
+            self.shared.mailbox.deliver(Frame::new(header, payload));
             if let Some(tx) = done {
                 let _ = tx.send(Ok(()));
             }
@@ -604,6 +604,10 @@ impl Transport for RdmaTransport {
                 }))
             })
         }
+    }
+
+    fn send_borrowed(&self, peer: Rank, header: Header, data: &[u8]) -> impl Future<Output = Result<()>> + Send {
+        self.send(peer, header, self.payload_from(data))
     }
 
     fn post(&self, peer: Rank, header: Header, payload: Bytes) {
@@ -1056,7 +1060,7 @@ fn parse(
                 return Err(format!("an eager message of {len} bytes exceeds the limit of {eager}"));
             }
             let payload = Bytes::copy_from_slice(&b[PREFIX + HEADER_LEN..PREFIX + HEADER_LEN + len]);
-            Ok(Some(Box::pin(std::future::ready(Ok(Some(Frame { header, payload }))))))
+            Ok(Some(Box::pin(std::future::ready(Ok(Some(Frame::new(header, payload)))))))
         }
         KIND_RTS => {
             let t = &b[PREFIX + HEADER_LEN..PREFIX + HEADER_LEN + TOKEN_LEN];
@@ -1074,7 +1078,7 @@ fn parse(
                     read_remote(&shared, &qp, token, len).await.map_err(|e| format!("RDMA read failed: {e}"))?;
                 // The writer tells the peer, which then lets go of its buffer.
                 let _ = fins.send(Fin::Owed(id));
-                Ok(Some(Frame { header, payload }))
+                Ok(Some(Frame::new(header, payload)))
             })))
         }
         other => Err(format!("unknown message kind {other}")),

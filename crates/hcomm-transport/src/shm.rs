@@ -30,6 +30,39 @@
 //!   is polled, and, with [`ShmOptions::poll`] (`HCOMM_SHM_POLL_US`), keeps polling
 //!   inside its poll for that long, as a blocking MPI receive does.
 //!
+//! *Single copy for large messages* (Linux cross-memory attach, as OpenMPI's and
+//! MPICH's shared-memory paths do): a data message of [`ShmOptions::pull_min`] bytes
+//! or more does not go through the ring. The sender *lends* it: it writes a *pull*
+//! frame instead (the message's header and where the payload lies), and the receiver
+//! copies the payload out of the sender's memory with `process_vm_readv`, straight
+//! into the receive's own buffer when it has one (`recv_into`), then sends a
+//! *release* frame back, upon which the sender lets the memory go. That is one copy
+//! in all where the ring takes two (into it and out of it), and the sender never
+//! waits for the ring to drain. Two kinds of memory are lent:
+//!
+//! - a payload handed to the transport (a `Bytes`: `send_bytes`, the collectives),
+//!   which the sender keeps until the release;
+//! - the application's own slice (`send`, through
+//!   [`crate::StreamTransport`]'s `send_borrowed`), whose future borrows it until
+//!   the release. Such a loan also takes a *slot* in a table in the ring file. If
+//!   the send ends before the release (dropped, or failed), it copies the slice, stores
+//!   the copy's address in the slot and marks it moved, before the borrow ends; a
+//!   receiver checks the slot after its copy and, if it was moved, copies again
+//!   from there (so it never keeps what the slice held after the send ended). A
+//!   receiver with no receive waiting when such a loan arrives copies it out at once
+//!   into its own memory, so that a send never waits for the receiving application
+//!   (two ranks that both send before they receive must not deadlock).
+//!
+//! A sender whose side of the link goes away first (its transport dropped, with lent
+//! messages unread) marks that in the ring file before it frees them, and a receiver
+//! that finds the mark after its copy fails that receive instead of returning what
+//! the memory held by then; a sender process that died cannot be read at all. Each
+//! copy also reads a random word the sender's process published at setup, so that a
+//! process that took a dead sender's pid is never mistaken for it. Setup checks, both
+//! ways, that the peer's memory can be read (a container's seccomp filter or the Yama
+//! `ptrace_scope` setting may forbid it); where it cannot, large messages keep going
+//! through the ring.
+//!
 //! Setup ([`negotiate`]) runs over the connection once the mesh stands: each side
 //! creates its outgoing ring (`O_EXCL`, mode 0600), sends the file's name, maps the
 //! peer's, and both confirm; each then unlinks the file it created, so nothing stays
@@ -45,23 +78,43 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use bytes::{Bytes, BytesMut};
 use memmap2::MmapMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 
-use hcomm_core::Rank;
-use hcomm_core::wire::{HEADER_LEN, Header};
+use hcomm_core::mailbox::{Frame, LOAN_COMM, RemotePayload};
+use hcomm_core::wire::{FrameKind, HEADER_LEN, Header, MAX_MESSAGE};
+use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use parking_lot::Mutex;
 
-use crate::framing::Assembler;
-use crate::stream::{Links, WriteLink, deliver_all, unannounced_eof};
+use crate::framing::{Assembler, Outgoing};
+use crate::stream::{Links, WriteLink, unannounced_eof};
 
 /// Directory of the ring files.
 const DIR: &str = "/dev/shm";
 /// Header of a ring file: counters on their own cache lines.
 const HDR: usize = 256;
+/// Slots of messages lent out of the application's own buffers ([`Slot`]), after the
+/// header: the writer publishes there what the reader checks after its copy.
+const SLOTS: usize = 1024;
+const SLOT_LEN: usize = 16;
+/// Start of the ring's data.
+const DATA: usize = HDR + SLOTS * SLOT_LEN;
+
+/// States of a [`Slot`]. A lent slot is one of the messages a `send` lends out of the
+/// application's buffer while the send waits (`LENT`). Should that send be dropped
+/// before the peer has released it, the writer copies the message, stores the copy's
+/// address in the slot and sets `MOVED`: a reader that then finds `MOVED` after its
+/// copy reads the copy again, so it never keeps what the buffer held after the send
+/// was dropped.
+const SLOT_FREE: u32 = 0;
+const SLOT_LENT: u32 = 1;
+const SLOT_MOVED: u32 = 2;
 /// Bytes written so far (by the writer).
 const HEAD: usize = 0;
 /// Bytes read so far (by the reader).
@@ -70,6 +123,9 @@ const TAIL: usize = 64;
 const READER_WAITS: usize = 128;
 /// 1 while the writer waits for space.
 const WRITER_WAITS: usize = 192;
+/// 1 once the writer's process has let go of the memory it lent (its side of the link
+/// is gone): a message pulled after that may hold anything (see [`Pulled`]).
+const LENDER_GONE: usize = 160;
 
 const DOORBELL_DATA: u8 = 1;
 const DOORBELL_SPACE: u8 = 2;
@@ -78,6 +134,9 @@ const DOORBELL_SPACE: u8 = 2;
 pub const DEFAULT_RING: usize = 4 << 20;
 /// Default spin before a waiting side parks (`HCOMM_SHM_SPIN_US`).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+/// Default least size of a message that the receiver copies straight out of the
+/// sender's memory instead of through the ring (`HCOMM_SHM_CMA`).
+pub const DEFAULT_PULL_MIN: usize = 64 << 10;
 
 /// One direction's ring, mapped.
 struct Ring {
@@ -88,6 +147,12 @@ struct Ring {
     /// and the shared counter (whose cache line the reader writes on every read) is
     /// read again only when that room is not enough.
     tail_seen: AtomicU64,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring").field("cap", &self.cap).finish_non_exhaustive()
+    }
 }
 
 // SAFETY: the mapping lives as long as the `Ring`; the counters are atomics and the
@@ -102,7 +167,7 @@ impl Ring {
         // SAFETY: the file is ours and the peer's only (0600, unlinked after setup);
         // its contents are touched only through atomics and raw copies below.
         let mut map = unsafe { MmapMut::map_mut(file)? };
-        if map.len() != HDR + cap {
+        if map.len() != DATA + cap {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "ring file of the wrong size"));
         }
         let base = map.as_mut_ptr();
@@ -118,6 +183,14 @@ impl Ring {
     fn u32_at(&self, off: usize) -> &AtomicU32 {
         // SAFETY: as `u64_at`.
         unsafe { &*self.base.add(off).cast::<AtomicU32>() }
+    }
+
+    /// Lent slot `i` ([`Slot`]): its state and the address of a moved message.
+    fn slot(&self, i: u32) -> (&AtomicU32, &AtomicU64) {
+        let at = HDR + (i as usize).min(SLOTS - 1) * SLOT_LEN;
+        // SAFETY: the slot lies in the slot table after the header, 16-byte aligned in
+        // the page-aligned mapping.
+        unsafe { (&*self.base.add(at).cast::<AtomicU32>(), &*self.base.add(at + 8).cast::<AtomicU64>()) }
     }
 
     fn readable(&self) -> usize {
@@ -164,7 +237,7 @@ impl Ring {
             // released (the caller checked `writable`), and `src` is a separate
             // allocation.
             unsafe {
-                let data = self.base.add(HDR);
+                let data = self.base.add(DATA);
                 std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), first);
                 std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, n - first);
             }
@@ -185,7 +258,7 @@ impl Ring {
         // SAFETY: both pieces lie in the data region, in the part the writer has
         // published (`readable`); `dst` is valid for `len >= n` bytes (caller).
         unsafe {
-            let data = self.base.add(HDR);
+            let data = self.base.add(DATA);
             std::ptr::copy_nonoverlapping(data.add(at), dst, first);
             std::ptr::copy_nonoverlapping(data, dst.add(first), n - first);
         }
@@ -194,15 +267,155 @@ impl Ring {
     }
 }
 
-/// A peer's two rings, mapped, after [`negotiate`].
+/// What went by single copy on a shared-memory link ([`crate::StreamTransport::shm_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShmStats {
+    /// Messages lent to the peer out of payloads handed to the transport.
+    pub lent: u64,
+    /// Messages lent to the peer out of the application's own buffers (`send`).
+    pub borrowed: u64,
+    /// Of those, sends that ended (dropped, failed) before the peer had copied them,
+    /// which copied the message for the peer instead.
+    pub revoked: u64,
+    /// Messages this side copied out of the peer's memory.
+    pub pulled: u64,
+    /// Of those, copies that found the send dropped and read its copy instead.
+    pub reread: u64,
+    /// Lent application buffers this side copied out at once into its own memory,
+    /// because no receive waited for them (so that the peer's send did not wait).
+    pub unposted: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    lent: AtomicU64,
+    borrowed: AtomicU64,
+    revoked: AtomicU64,
+    pulled: AtomicU64,
+    reread: AtomicU64,
+    unposted: AtomicU64,
+}
+
+impl Counters {
+    fn add(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> ShmStats {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ShmStats {
+            lent: r(&self.lent),
+            borrowed: r(&self.borrowed),
+            revoked: r(&self.revoked),
+            pulled: r(&self.pulled),
+            reread: r(&self.reread),
+            unposted: r(&self.unposted),
+        }
+    }
+}
+
+/// A peer's two rings, mapped, after [`negotiate`], and what cross-memory attach can
+/// do between the two processes.
 pub struct ShmPair {
     tx: Ring,
     rx: Ring,
+    /// The peer's process, if this one can read its memory (it may lend to us).
+    peer_mem: Option<PeerMem>,
+    /// Messages of at least this many bytes are lent to the peer (0: none; the peer
+    /// cannot read this process, or lending is off here).
+    lend_min: usize,
 }
 
 impl std::fmt::Debug for ShmPair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmPair").field("cap", &self.tx.cap).finish()
+        f.debug_struct("ShmPair")
+            .field("cap", &self.tx.cap)
+            .field("pulls", &self.peer_mem.is_some())
+            .field("lend_min", &self.lend_min)
+            .finish()
+    }
+}
+
+impl ShmPair {
+    /// Whether large messages go by single copy, in each direction: (this side
+    /// lends to the peer, this side pulls from the peer).
+    pub fn single_copy(&self) -> (bool, bool) {
+        (self.lend_min > 0, self.peer_mem.is_some())
+    }
+}
+
+/// Where a peer process's memory is read: its pid, and the address and value of the
+/// random word it published ([`cookie`]).
+#[derive(Debug, Clone, Copy)]
+struct PeerMem {
+    pid: i32,
+    cookie_addr: u64,
+    cookie: u64,
+}
+
+/// This process's published random word: its address and value. A peer reads it back
+/// with every copy out of this process's memory, which tells it that the pid still
+/// names this process.
+fn cookie() -> (u64, u64) {
+    static COOKIE: OnceLock<u64> = OnceLock::new();
+    let c = COOKIE.get_or_init(|| rand_u64() | 1);
+    (std::ptr::from_ref(c) as u64, *c)
+}
+
+/// Copies `len` bytes at `addr` in `mem`'s process to `dst`, with its cookie beside
+/// them in the same call.
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes of writes.
+#[cfg(not(target_os = "linux"))]
+unsafe fn read_remote(_mem: &PeerMem, _addr: u64, _dst: *mut u8, _len: usize) -> io::Result<()> {
+    Err(io::Error::new(io::ErrorKind::Unsupported, "cross-memory attach is Linux only"))
+}
+
+/// Copies `len` bytes at `addr` in `mem`'s process to `dst`, with its cookie beside
+/// them in the same call.
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes of writes.
+#[cfg(target_os = "linux")]
+unsafe fn read_remote(mem: &PeerMem, addr: u64, dst: *mut u8, len: usize) -> io::Result<()> {
+    let mut seen = 0u64;
+    let local = [
+        libc::iovec { iov_base: std::ptr::from_mut(&mut seen).cast(), iov_len: 8 },
+        libc::iovec { iov_base: dst.cast(), iov_len: len },
+    ];
+    let remote = [
+        libc::iovec { iov_base: mem.cookie_addr as *mut libc::c_void, iov_len: 8 },
+        libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len },
+    ];
+    // SAFETY: the local vectors point to `seen` and to `dst` (valid for `len` bytes,
+    // the caller says); the remote ones are only read, in the other process, by the
+    // kernel, which checks them.
+    let n = unsafe { libc::process_vm_readv(mem.pid, local.as_ptr(), 2, remote.as_ptr(), 2, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The kernel never splits one vector: either both arrived or the second failed.
+    if n as usize != 8 + len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("read {n} of {} bytes", 8 + len)));
+    }
+    if seen != mem.cookie {
+        return Err(io::Error::new(io::ErrorKind::NotFound, "the pid names another process now"));
+    }
+    Ok(())
+}
+
+/// Whether this process can read `mem`'s process: its cookie, read back.
+fn can_read(mem: &PeerMem) -> bool {
+    let mut probe = 0u64;
+    // SAFETY: `probe` is valid for 8 bytes of writes.
+    let r = unsafe { read_remote(mem, mem.cookie_addr, std::ptr::from_mut(&mut probe).cast(), 8) };
+    match r {
+        Ok(()) => probe == mem.cookie,
+        Err(e) => {
+            tracing::debug!(pid = mem.pid, error = %e, "cross-memory attach refused: large messages go through the ring");
+            false
+        }
     }
 }
 
@@ -220,11 +433,15 @@ pub struct ShmOptions {
     /// latency to what a polling MPI library gets, at the price of the other tasks of
     /// that thread waiting up to this long.
     pub poll: Duration,
+    /// Data messages of at least this many bytes are lent to the peer, which copies
+    /// them out of this process's memory itself, once, instead of through the ring
+    /// (`HCOMM_SHM_CMA`; see the module documentation). Zero: never.
+    pub pull_min: usize,
 }
 
 impl Default for ShmOptions {
     fn default() -> ShmOptions {
-        ShmOptions { ring: DEFAULT_RING, spin: DEFAULT_SPIN, poll: Duration::ZERO }
+        ShmOptions { ring: DEFAULT_RING, spin: DEFAULT_SPIN, poll: Duration::ZERO, pull_min: DEFAULT_PULL_MIN }
     }
 }
 
@@ -232,7 +449,7 @@ fn create_ring(job: u64, me: usize, peer: usize, cap: usize) -> io::Result<(Ring
     let name = format!("hcomm-{job:016x}-{me}-{peer}-{:016x}", rand_u64());
     let path = Path::new(DIR).join(name);
     let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
-    let ring = file.set_len((HDR + cap) as u64).and_then(|()| Ring::map(&file, cap));
+    let ring = file.set_len((DATA + cap) as u64).and_then(|()| Ring::map(&file, cap));
     match ring {
         Ok(r) => Ok((r, path)),
         Err(e) => {
@@ -278,24 +495,38 @@ pub async fn negotiate(
     }
     let name = mine.as_ref().map(|(_, p)| p.file_name().unwrap_or_default().to_string_lossy().into_owned());
     let name = name.unwrap_or_default();
-    let mut offer = Vec::with_capacity(10 + name.len());
+    let (cookie_addr, cookie) = cookie();
+    // Ring size, the ring file's name, then where this process's memory is read.
+    let mut offer = Vec::with_capacity(30 + name.len());
     offer.extend_from_slice(&(cap as u64).to_le_bytes());
     offer.extend_from_slice(&(name.len() as u16).to_le_bytes());
     offer.extend_from_slice(name.as_bytes());
+    offer.extend_from_slice(&std::process::id().to_le_bytes());
+    offer.extend_from_slice(&cookie_addr.to_le_bytes());
+    offer.extend_from_slice(&cookie.to_le_bytes());
     let result = async {
         stream.write_all(&offer).await?;
         let peer_cap = stream.read_u64_le().await? as usize;
         let len = stream.read_u16_le().await? as usize;
         let mut theirs = vec![0u8; len];
         stream.read_exact(&mut theirs).await?;
+        let peer_mem = PeerMem {
+            pid: stream.read_u32_le().await? as i32,
+            cookie_addr: stream.read_u64_le().await?,
+            cookie: stream.read_u64_le().await?,
+        };
         let rx = match (len, peer_cap == cap) {
             (0, _) | (_, false) => None,
             _ => open_ring(&String::from_utf8_lossy(&theirs), cap).ok(),
         };
-        let ok = u8::from(rx.is_some() && mine.is_ok());
+        // Bit 0: the rings are set up on this side; bit 1: this side can read the
+        // peer's memory (so the peer may lend to it).
+        let reads = rx.is_some() && can_read(&peer_mem);
+        let ok = u8::from(rx.is_some() && mine.is_ok()) | (u8::from(reads) << 1);
         stream.write_all(&[ok]).await?;
         let peer_ok = stream.read_u8().await?;
-        io::Result::Ok((rx, ok == 1 && peer_ok == 1))
+        let both = ok & 1 == 1 && peer_ok & 1 == 1;
+        io::Result::Ok((rx, both, reads.then_some(peer_mem), peer_ok & 2 != 0))
     }
     .await;
     let (mine, path) = match mine {
@@ -305,9 +536,10 @@ pub async fn negotiate(
     if let Some(p) = path {
         let _ = std::fs::remove_file(p);
     }
-    let (rx, both) = result?;
+    let (rx, both, peer_mem, peer_reads) = result?;
+    let lend_min = if peer_reads { opts.pull_min } else { 0 };
     Ok(match (mine, rx, both) {
-        (Some(tx), Some(rx), true) => Some(ShmPair { tx, rx }),
+        (Some(tx), Some(rx), true) => Some(ShmPair { tx, rx, peer_mem, lend_min }),
         _ => None,
     })
 }
@@ -332,7 +564,7 @@ impl Bell {
 /// carries, shared by the reader task and by receives that poll the link themselves
 /// ([`hcomm_core::mailbox::Progress`]).
 pub(crate) struct ShmInbox {
-    ring: Ring,
+    ring: Arc<Ring>,
     bell: Arc<Bell>,
     peer: Rank,
     links: Arc<Links>,
@@ -340,6 +572,148 @@ pub(crate) struct ShmInbox {
     /// The peer's close frame, a protocol error or the end of the link was seen: the
     /// mailbox knows, and nothing more is read.
     ended: AtomicBool,
+    /// This side's sending half: the releases of what it lent arrive here.
+    out: Arc<ShmOut>,
+    /// What the messages the peer lends need, if this process can read its memory.
+    lender: Option<Arc<Lender>>,
+}
+
+/// A peer that lends messages to this process: where its memory is read, the ring it
+/// marks when it lets go of everything it lent, and the way back for releases.
+#[derive(Debug)]
+struct Lender {
+    peer: Rank,
+    mem: PeerMem,
+    ring: Arc<Ring>,
+    back: Releaser,
+}
+
+/// Sends release frames to a lending peer, through this side's sending half.
+#[derive(Debug)]
+struct Releaser {
+    out: Arc<ShmOut>,
+    /// The writer task's queue, for when it holds messages (a release must not
+    /// overtake them). Weak: lent messages waiting in the mailbox must not keep the
+    /// writer task's queue open.
+    queue: mpsc::WeakUnboundedSender<Outgoing>,
+    me: Rank,
+}
+
+impl Releaser {
+    fn release(&self, id: u64) {
+        let header = Header::control(FrameKind::Release, OpKind::Send, self.me, 0, 0, 8);
+        let payload = Bytes::copy_from_slice(&id.to_le_bytes());
+        self.out.send(header, payload, true, |header, payload| {
+            if let Some(q) = self.queue.upgrade() {
+                let _ = q.send(Outgoing { header, payload, done: None });
+            }
+        });
+    }
+}
+
+/// A message a peer lent: its payload is read out of the peer's memory, once; when
+/// the last reference goes, the peer is told it may let the memory go.
+#[derive(Debug)]
+struct Pulled {
+    from: Arc<Lender>,
+    id: u64,
+    addr: u64,
+    len: usize,
+    /// The lent slot of a message lent out of the sender's application buffer.
+    slot: Option<u32>,
+}
+
+impl Pulled {
+    /// # Safety
+    /// `dst` must be valid for `self.len` bytes of writes.
+    unsafe fn copy_to(&self, dst: *mut u8) -> Result<()> {
+        let peer = self.from.peer;
+        let read = |addr: u64| {
+            // SAFETY: as the caller promises.
+            let read = unsafe { read_remote(&self.from.mem, addr, dst, self.len) };
+            read.map_err(|e| {
+                Error::new(
+                    ErrorKind::PeerFailed,
+                    format!("could not read the message rank {peer} lent from its memory (did the process die?)"),
+                )
+                .with_peer(peer)
+                .with_source(e)
+            })
+        };
+        read(self.addr)?;
+        Counters::add(&self.from.back.out.counts.pulled);
+        // The lender marks its slot, and its ring, before it lets go of what it lent:
+        // if no mark is there after the copy, the memory held the message during all
+        // of it.
+        fence(Ordering::SeqCst);
+        if let Some(slot) = self.slot {
+            let (state, moved) = self.from.ring.slot(slot);
+            match state.load(Ordering::SeqCst) {
+                SLOT_LENT => {}
+                // The send was dropped: its copy holds the message.
+                SLOT_MOVED => {
+                    read(moved.load(Ordering::Acquire))?;
+                    Counters::add(&self.from.back.out.counts.reread);
+                }
+                s => {
+                    return Err(protocol(format!("rank {peer} lent message {} in slot {slot}, which is {s}", self.id)));
+                }
+            }
+        }
+        if self.from.ring.u32_at(LENDER_GONE).load(Ordering::SeqCst) != 0 {
+            return Err(Error::new(
+                ErrorKind::PeerFailed,
+                format!(
+                    "rank {peer} closed its side before this rank read the message it lent (call finalize before exiting)"
+                ),
+            )
+            .with_peer(peer));
+        }
+        Ok(())
+    }
+}
+
+impl RemotePayload for Pulled {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn read_into(&self, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != self.len {
+            return Err(Error::invalid(format!(
+                "a lent message of {} bytes read into a buffer of {}",
+                self.len,
+                dst.len()
+            )));
+        }
+        // SAFETY: `dst` is valid for its length, which is `self.len`.
+        unsafe { self.copy_to(dst.as_mut_ptr()) }
+    }
+
+    fn read(&self) -> Result<Bytes> {
+        let mut buf = hcomm_core::pool::take(self.len);
+        // SAFETY: the buffer has room for `self.len` bytes (`take`), all of which the
+        // copy writes before they become part of its length.
+        unsafe {
+            self.copy_to(buf.as_mut_ptr())?;
+            buf.set_len(self.len);
+        }
+        Ok(buf.freeze())
+    }
+}
+
+impl Drop for Pulled {
+    fn drop(&mut self) {
+        self.from.back.release(self.id);
+    }
+}
+
+/// What a pull frame carries: the lent message's number, address and length, and its
+/// lent slot plus one (0: a payload handed to the transport, not in a slot).
+const PULL_LEN: usize = 32;
+
+fn protocol(msg: String) -> Error {
+    Error::new(ErrorKind::Protocol, msg)
 }
 
 /// What one [`ShmInbox::drain`] did.
@@ -393,7 +767,7 @@ impl ShmInbox {
             if self.ring.u32_at(WRITER_WAITS).swap(0, Ordering::SeqCst) == 1 {
                 self.bell.ring(DOORBELL_SPACE);
             }
-            match deliver_all(&mut asm, &self.links.mailbox) {
+            match self.deliver_all(&mut asm) {
                 Ok(false) => {}
                 Ok(true) => {
                     self.end(None);
@@ -411,6 +785,65 @@ impl ShmInbox {
         } else {
             Drained::Nothing
         }
+    }
+
+    /// Delivers every complete message in `asm`, lent ones as frames whose payload is
+    /// read out of the peer's memory, and takes the peer's releases of what this side
+    /// lent. `Ok(true)` once the peer's close frame has been delivered.
+    fn deliver_all(&self, asm: &mut Assembler) -> Result<bool> {
+        let mailbox = &self.links.mailbox;
+        while let Some(f) = asm.next_frame()? {
+            match f.header.kind {
+                FrameKind::Pull => match self.lent(f)? {
+                    (f, false) => mailbox.deliver(f),
+                    // Its send waits: a receive that waits gets it as it is, to copy
+                    // straight to where it goes; with none yet, it is copied out now,
+                    // so that the send never waits for this side's application (two
+                    // ranks that each send before they receive must not deadlock).
+                    (f, true) => {
+                        if let Some(f) = mailbox.deliver_waiting(f) {
+                            mailbox.deliver(f.into_local()?);
+                            Counters::add(&self.out.counts.unposted);
+                        }
+                    }
+                },
+                FrameKind::Release => {
+                    for id in self.out.released(&f.payload)? {
+                        let h = Header::control(FrameKind::Data, OpKind::Send, self.peer, LOAN_COMM, id, 0);
+                        mailbox.deliver(Frame::new(h, Bytes::new()));
+                    }
+                }
+                FrameKind::Close => {
+                    mailbox.deliver(f);
+                    return Ok(true);
+                }
+                _ => mailbox.deliver(f),
+            }
+        }
+        Ok(false)
+    }
+
+    /// The data frame a pull frame stands for, and whether it was lent out of the
+    /// sender's application buffer (its send waits until this side has copied it).
+    fn lent(&self, f: Frame) -> Result<(Frame, bool)> {
+        let Some(lender) = &self.lender else {
+            return Err(protocol(format!("rank {} lent a message this rank said it cannot read", self.peer)));
+        };
+        if f.payload.len() != PULL_LEN {
+            return Err(protocol(format!("a pull frame of {} bytes", f.payload.len())));
+        }
+        let word = |i: usize| u64::from_le_bytes(f.payload[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        let (id, addr, len, slot) = (word(0), word(1), word(2), word(3));
+        if len > MAX_MESSAGE || slot > SLOTS as u64 {
+            return Err(protocol(format!("a lent message of {len} bytes in slot {slot}")));
+        }
+        let slot = slot.checked_sub(1).map(|s| s as u32);
+        let mut header = f.header;
+        header.kind = FrameKind::Data;
+        header.msg_len = len;
+        header.frag_len = 0;
+        let pulled = Pulled { from: lender.clone(), id, addr, len: len as usize, slot };
+        Ok((Frame::lent(header, Arc::new(pulled)), slot.is_some()))
     }
 
     /// Ends the link: the peer's failure (`None`: its orderly close, already
@@ -481,11 +914,105 @@ pub(crate) struct ShmOut {
     /// so that messages leave in the order they were sent and never inside another's
     /// bytes.
     busy: Mutex<usize>,
+    /// Data messages of at least this many bytes are lent (0: none).
+    lend_min: usize,
+    /// The messages lent and not yet released, by number.
+    lent: Mutex<Lent>,
+    /// Both directions' single-copy counts.
+    counts: Counters,
+}
+
+#[derive(Debug)]
+struct Lent {
+    next: u64,
+    held: HashMap<u64, Loan>,
+    /// Lent slots not in use.
+    free: Vec<u32>,
+}
+
+impl Default for Lent {
+    fn default() -> Lent {
+        Lent { next: 0, held: HashMap::new(), free: (0..SLOTS as u32).rev().collect() }
+    }
+}
+
+impl Lent {
+    fn number(&mut self, loan: Loan) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        self.held.insert(id, loan);
+        id
+    }
+}
+
+/// A message lent to the peer.
+#[derive(Debug)]
+enum Loan {
+    /// A payload handed to the transport: kept (never read here) until the peer
+    /// releases it.
+    Owned { _kept: Bytes },
+    /// The application's buffer, borrowed by a send that waits for the release; its
+    /// slot says [`SLOT_LENT`].
+    Borrowed(u32),
+    /// A send that was dropped before the release: its slot, and the copy the slot
+    /// points to.
+    Moved { slot: u32, _copy: Bytes },
+}
+
+/// The pull frame's payload.
+fn pull_frame(id: u64, addr: u64, len: usize, slot: Option<u32>) -> Bytes {
+    let mut pull = [0u8; PULL_LEN];
+    let slot = slot.map_or(0, |s| u64::from(s) + 1);
+    for (i, w) in [id, addr, len as u64, slot].into_iter().enumerate() {
+        pull[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    Bytes::copy_from_slice(&pull)
 }
 
 impl std::fmt::Debug for ShmOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmOut").field("cap", &self.ring.cap).field("busy", &*self.busy.lock()).finish()
+        f.debug_struct("ShmOut")
+            .field("cap", &self.ring.cap)
+            .field("busy", &*self.busy.lock())
+            .field("lent", &self.lent.lock().held.len())
+            .finish()
+    }
+}
+
+impl Drop for ShmOut {
+    fn drop(&mut self) {
+        // Before the lent memory goes (the fields drop after this): a peer that
+        // copies any of it from now on finds the mark and refuses what it read.
+        self.ring.u32_at(LENDER_GONE).store(1, Ordering::SeqCst);
+    }
+}
+
+/// A send that lent the application's buffer ([`ShmOut::lend_borrowed`]) while it
+/// waits for the peer's release (`released`, a receive in the mailbox that the
+/// release completes): if it ends any other way (dropped, or failed), dropping this
+/// revokes the loan before the borrow of `data` ends. The release's receive is a field
+/// so that it goes only after the revocation: a release that comes in between then
+/// still finds it and does not stay in the mailbox.
+pub(crate) struct LentSend<'a> {
+    pub out: Arc<ShmOut>,
+    pub id: u64,
+    pub data: &'a [u8],
+    pub released: std::pin::Pin<Box<dyn std::future::Future<Output = Result<Frame>> + Send>>,
+    pub done: bool,
+}
+
+impl LentSend<'_> {
+    /// The peer released the loan: nothing to revoke.
+    pub(crate) fn completed(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for LentSend<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.out.revoke(self.id, self.data);
+        }
     }
 }
 
@@ -501,7 +1028,23 @@ impl ShmOut {
     /// the ring has room (`true`); otherwise counts the message as the writer task's
     /// and hands it to `queue`, under the same lock, so that no direct write can
     /// overtake it.
-    pub(crate) fn send(&self, header: Header, payload: Bytes, direct: bool, queue: impl FnOnce(Bytes)) -> bool {
+    ///
+    /// A data message of [`ShmOptions::pull_min`] bytes or more is lent: it stays
+    /// here, and what goes to the peer is a pull frame that says where it is.
+    pub(crate) fn send(&self, header: Header, payload: Bytes, direct: bool, queue: impl FnOnce(Header, Bytes)) -> bool {
+        let (header, payload) = self.lend(header, payload);
+        let p = payload.clone();
+        self.write_or_queue(header, &payload, direct, move |h| queue(h, p))
+    }
+
+    /// As [`ShmOut::send`] for a message in the caller's memory, never lent: written
+    /// straight from `data` when it can be, else handed to `queue` (which copies it)
+    /// under the same lock.
+    pub(crate) fn send_slice(&self, header: Header, data: &[u8], queue: impl FnOnce(Header)) -> bool {
+        self.write_or_queue(header, data, true, queue)
+    }
+
+    fn write_or_queue(&self, header: Header, payload: &[u8], direct: bool, queue: impl FnOnce(Header)) -> bool {
         let mut busy = self.busy.lock();
         let len = payload.len();
         if direct
@@ -515,14 +1058,106 @@ impl ShmOut {
             header.msg_len = len as u64;
             header.offset = 0;
             header.frag_len = len as u32;
-            self.ring.push_parts(&[&header.encode(), &payload]);
+            self.ring.push_parts(&[&header.encode(), payload]);
             drop(busy);
             self.published();
             return true;
         }
         *busy += 1;
-        queue(payload);
+        queue(header);
         false
+    }
+
+    /// Whether a data message of `len` bytes would be lent ([`ShmOut::lend_borrowed`]
+    /// lends it if a slot is free).
+    pub(crate) fn lends(&self, len: usize) -> bool {
+        self.lend_min > 0 && len >= self.lend_min
+    }
+
+    /// The frame that goes to the peer for `header` and `payload`: a pull frame for a
+    /// data message large enough to lend (the payload is kept until the peer
+    /// releases it), else the message itself.
+    fn lend(&self, header: Header, payload: Bytes) -> (Header, Bytes) {
+        if header.kind != FrameKind::Data || self.lend_min == 0 || payload.len() < self.lend_min {
+            return (header, payload);
+        }
+        let (addr, len) = (payload.as_ptr() as u64, payload.len());
+        let id = self.lent.lock().number(Loan::Owned { _kept: payload });
+        Counters::add(&self.counts.lent);
+        let mut header = header;
+        header.kind = FrameKind::Pull;
+        (header, pull_frame(id, addr, len, None))
+    }
+
+    /// Lends `data`, the application's own buffer, if it is a data message large
+    /// enough and a lent slot is free: the loan's number and the pull frame to send
+    /// in the message's place. The caller keeps `data` borrowed until the peer
+    /// releases the loan, or [`revokes`](ShmOut::revoke) it first.
+    pub(crate) fn lend_borrowed(&self, header: Header, data: &[u8]) -> Option<(u64, Header, Bytes)> {
+        if header.kind != FrameKind::Data || self.lend_min == 0 || data.len() < self.lend_min {
+            return None;
+        }
+        let mut lent = self.lent.lock();
+        let slot = lent.free.pop()?;
+        // Before the pull frame, which the ring publishes with release ordering.
+        self.ring.slot(slot).0.store(SLOT_LENT, Ordering::Release);
+        let id = lent.number(Loan::Borrowed(slot));
+        Counters::add(&self.counts.borrowed);
+        let mut header = header;
+        header.kind = FrameKind::Pull;
+        Some((id, header, pull_frame(id, data.as_ptr() as u64, data.len(), Some(slot))))
+    }
+
+    /// The send that lent `data` as loan `id` ends without its release (dropped, or
+    /// failed): if the peer has not released it, copy `data` and point the loan's
+    /// slot to the copy, so that the peer reads that instead once the borrow ends.
+    pub(crate) fn revoke(&self, id: u64, data: &[u8]) {
+        let mut lent = self.lent.lock();
+        if let Some(&Loan::Borrowed(slot)) = lent.held.get(&id) {
+            let mut copy = hcomm_core::pool::take(data.len());
+            copy.extend_from_slice(data);
+            let copy = copy.freeze();
+            let (state, moved) = self.ring.slot(slot);
+            moved.store(copy.as_ptr() as u64, Ordering::Relaxed);
+            state.store(SLOT_MOVED, Ordering::SeqCst);
+            lent.held.insert(id, Loan::Moved { slot, _copy: copy });
+            Counters::add(&self.counts.revoked);
+        }
+    }
+
+    /// The peer released the lent messages whose numbers `ids` lists; returns those
+    /// whose sends wait for it.
+    fn released(&self, ids: &[u8]) -> Result<Vec<u64>> {
+        if ids.len() % 8 != 0 {
+            return Err(protocol(format!("a release frame of {} bytes", ids.len())));
+        }
+        let mut lent = self.lent.lock();
+        let mut waiting = Vec::new();
+        for id in ids.chunks_exact(8) {
+            let id = u64::from_le_bytes(id.try_into().expect("8 bytes"));
+            let slot = match lent.held.remove(&id) {
+                None => return Err(protocol(format!("release of message {id}, which is not lent"))),
+                Some(Loan::Owned { .. }) => continue,
+                Some(Loan::Borrowed(slot)) => {
+                    waiting.push(id);
+                    slot
+                }
+                Some(Loan::Moved { slot, .. }) => slot,
+            };
+            self.ring.slot(slot).0.store(SLOT_FREE, Ordering::Release);
+            lent.free.push(slot);
+        }
+        Ok(waiting)
+    }
+
+    /// What went by single copy to and from this peer.
+    pub(crate) fn stats(&self) -> ShmStats {
+        self.counts.read()
+    }
+
+    /// Lent messages not yet released.
+    pub(crate) fn lent_now(&self) -> usize {
+        self.lent.lock().held.len()
     }
 
     /// Counts one more message as the writer task's (one it made itself: a
@@ -566,8 +1201,17 @@ pub(crate) struct Split {
     pub doorbell: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
 }
 
-/// Splits a negotiated pair with `peer` into its halves and the doorbell task.
-pub(crate) fn split(pair: ShmPair, stream: TcpStream, spin: Duration, peer: Rank, links: Arc<Links>) -> Split {
+/// Splits a negotiated pair with `peer` into its halves and the doorbell task; `me` is
+/// this rank and `queue` the writer task's queue for `peer` (releases of what the peer
+/// lends go through it when the writer task holds messages).
+pub(crate) fn split(
+    pair: ShmPair,
+    stream: TcpStream,
+    spin: Duration,
+    (me, peer): (Rank, Rank),
+    links: Arc<Links>,
+    queue: mpsc::WeakUnboundedSender<Outgoing>,
+) -> Split {
     let _ = stream.set_nodelay(true);
     let bell = Arc::new(Bell {
         stream: Arc::new(stream),
@@ -601,15 +1245,29 @@ pub(crate) fn split(pair: ShmPair, stream: TcpStream, spin: Duration, peer: Rank
         b.data.notify_one();
         b.space.notify_one();
     };
-    let inbox = Arc::new(ShmInbox {
-        ring: pair.rx,
+    let out = Arc::new(ShmOut {
+        ring: pair.tx,
         bell: bell.clone(),
+        busy: Mutex::new(0),
+        lend_min: pair.lend_min,
+        lent: Mutex::new(Lent::default()),
+        counts: Counters::default(),
+    });
+    let ring = Arc::new(pair.rx);
+    let lender = pair.peer_mem.map(|mem| {
+        let back = Releaser { out: out.clone(), queue, me };
+        Arc::new(Lender { peer, mem, ring: ring.clone(), back })
+    });
+    let inbox = Arc::new(ShmInbox {
+        ring,
+        bell,
         peer,
         links,
         asm: Mutex::new(Assembler::new(peer)),
         ended: AtomicBool::new(false),
+        out: out.clone(),
+        lender,
     });
-    let out = Arc::new(ShmOut { ring: pair.tx, bell, busy: Mutex::new(0) });
     Split { inbox, writer: ShmWrite { out: out.clone(), spin }, out, doorbell: Box::pin(doorbell) }
 }
 
@@ -731,6 +1389,12 @@ mod tests {
     /// so that what the test pushes is what the reader finds; the doorbell is a
     /// loopback connection nobody rings.
     async fn looped() -> (Split, Arc<Links>) {
+        looped_with(false).await
+    }
+
+    /// [`looped`], lending every data message (`lend`), which this process, as its
+    /// own peer (rank 1), reads back out of its own memory.
+    async fn looped_with(lend: bool) -> (Split, Arc<Links>) {
         let cap = 1 << 12;
         let (tx, path) = create_ring(rand_u64(), 0, 1, cap).unwrap();
         let rx = open_ring(&path.file_name().unwrap().to_string_lossy(), cap).unwrap();
@@ -741,7 +1405,122 @@ mod tests {
         // The test's end of the doorbell stays open: leaking it keeps the bell alive.
         std::mem::forget(_server);
         let links = Arc::new(Links::new(Arc::new(hcomm_core::mailbox::Mailbox::new(0)), 2));
-        (split(ShmPair { tx, rx }, client, Duration::ZERO, 1, links.clone()), links)
+        let (cookie_addr, cookie) = cookie();
+        let me = PeerMem { pid: std::process::id() as i32, cookie_addr, cookie };
+        assert!(!lend || can_read(&me), "this process reads its own memory");
+        let pair = ShmPair { tx, rx, peer_mem: lend.then_some(me), lend_min: usize::from(lend) };
+        let (queue, rx) = mpsc::unbounded_channel();
+        // Nothing reads the writer queue here; keep it open (releases go direct).
+        std::mem::forget(rx);
+        let split = split(pair, client, Duration::ZERO, (1, 1), links.clone(), queue.downgrade());
+        std::mem::forget(queue);
+        (split, links)
+    }
+
+    fn data_header(tag: u32, len: usize) -> Header {
+        Header::data(1, 9, 0, tag, &hcomm_core::Signature::bare(OpKind::Send, len as u64), len)
+    }
+
+    fn key(tag: u32) -> hcomm_core::MatchKey {
+        hcomm_core::MatchKey { src: 1, comm: 9, seq: 0, tag }
+    }
+
+    fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A payload handed over is lent: the receiver copies it out of the sender's
+    /// memory, and its release (a frame back) lets the sender drop it.
+    #[tokio::test]
+    async fn a_lent_payload_is_copied_once_and_released() {
+        let (sp, links) = looped_with(true).await;
+        let data = random_bytes(100_003, 1);
+        let recv = links.mailbox.recv_frame(key(4));
+        assert!(sp.out.send(data_header(4, data.len()), Bytes::from(data.clone()), true, |_, _| panic!("queued")));
+        assert_eq!(sp.out.lent_now(), 1);
+        assert_eq!(sp.inbox.drain(), Drained::Some);
+        let f = recv.await.unwrap();
+        let remote = f.remote.clone().expect("the payload stays in the sender's memory");
+        assert!(f.payload.is_empty());
+        let mut got = vec![0u8; data.len()];
+        remote.read_into(&mut got).unwrap();
+        assert_eq!(got, data);
+        assert!(remote.read_into(&mut got[1..]).unwrap_err().kind() == hcomm_core::ErrorKind::InvalidArgument);
+        drop((f, remote));
+        // The release went into the ring; reading it frees the loan.
+        assert_eq!(sp.inbox.drain(), Drained::Some);
+        assert_eq!(sp.out.lent_now(), 0);
+        let st = sp.out.stats();
+        assert_eq!((st.lent, st.pulled, st.borrowed), (1, 1, 0));
+    }
+
+    /// A send that lent the application's buffer and was dropped before the receiver
+    /// copied it: the receiver, holding the pull already, copies what the buffer
+    /// holds by then, finds the slot moved, and reads the copy made at the drop.
+    #[tokio::test]
+    async fn a_revoked_loan_is_read_from_its_copy() {
+        let (sp, links) = looped_with(true).await;
+        let mut data = random_bytes(70_001, 2);
+        let original = data.clone();
+        let recv = links.mailbox.recv_frame(key(5));
+        let (id, h, pull) = sp.out.lend_borrowed(data_header(5, data.len()), &data).unwrap();
+        assert!(sp.out.send(h, pull, true, |_, _| panic!("queued")));
+        assert_eq!(sp.inbox.drain(), Drained::Some);
+        let f = recv.await.unwrap();
+        // The send ends without the release: its buffer is copied, then reused.
+        sp.out.revoke(id, &data);
+        data.fill(0xEE);
+        let mut got = vec![0u8; data.len()];
+        f.remote.as_ref().unwrap().read_into(&mut got).unwrap();
+        assert_eq!(got, original);
+        let st = sp.out.stats();
+        assert_eq!((st.borrowed, st.revoked, st.pulled, st.reread), (1, 1, 1, 1));
+        drop(f);
+        assert_eq!(sp.inbox.drain(), Drained::Some);
+        assert_eq!(sp.out.lent_now(), 0, "the release frees the copy");
+    }
+
+    /// A lent application buffer that no receive waits for is copied out at once, so
+    /// that its send completes (the release is announced under the loan's key).
+    #[tokio::test]
+    async fn an_unclaimed_borrowed_loan_is_copied_out_at_once() {
+        let (sp, links) = looped_with(true).await;
+        let data = random_bytes(65_537, 3);
+        let (id, h, pull) = sp.out.lend_borrowed(data_header(6, data.len()), &data).unwrap();
+        let released = links.mailbox.recv_frame(hcomm_core::MatchKey { src: 1, comm: LOAN_COMM, seq: id, tag: 0 });
+        assert!(sp.out.send(h, pull, true, |_, _| panic!("queued")));
+        // One drain: the pull, copied out at once, and the release it sends back into
+        // this same ring, which completes the send.
+        assert_eq!(sp.inbox.drain(), Drained::Some);
+        assert_eq!(sp.out.stats().unposted, 1);
+        released.await.unwrap();
+        assert_eq!(sp.out.lent_now(), 0);
+        let f = links.mailbox.recv_frame(key(6)).await.unwrap();
+        assert!(f.remote.is_none(), "copied into this side's memory");
+        assert_eq!(f.payload, data);
+    }
+
+    /// A copy made after the lender marked its ring (its side of the link went) is
+    /// refused, whatever the memory held.
+    #[tokio::test]
+    async fn a_copy_after_the_lender_let_go_fails() {
+        let (sp, links) = looped_with(true).await;
+        let recv = links.mailbox.recv_frame(key(7));
+        sp.out.send(data_header(7, 4096), Bytes::from(vec![1u8; 4096]), true, |_, _| panic!("queued"));
+        assert_eq!(sp.inbox.drain(), Drained::Some);
+        let f = recv.await.unwrap();
+        sp.out.ring.u32_at(LENDER_GONE).store(1, Ordering::SeqCst);
+        let e = f.into_local().unwrap_err();
+        assert!(e.is_peer_failed() && e.peer() == Some(1), "{e}");
+        assert!(e.to_string().contains("closed its side"), "{e}");
     }
 
     /// Polls the reader task once on another thread: `Some(ready)` if that poll

@@ -119,11 +119,33 @@ struct PeerTasks {
     others: Vec<AbortHandle>,
 }
 
+/// Milliseconds of a monotonic clock, from the kernel's coarse clock where there is one:
+/// the readers note the time of every read with it, and the precise clock (a `rdtsc`
+/// and a conversion, tens of nanoseconds on a virtual machine) took a visible share of
+/// a small message's path. It moves in the kernel's ticks (a few milliseconds at
+/// most), which the peer timeout, hundreds of milliseconds, does not feel.
+#[cfg(target_os = "linux")]
+fn coarse_ms() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec for the kernel (vDSO) to fill.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    debug_assert_eq!(r, 0, "CLOCK_MONOTONIC_COARSE exists on every Linux since 2.6.32");
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
+#[cfg(not(target_os = "linux"))]
+fn coarse_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
+}
+
 /// When each peer was last heard from, and the tasks that serve it.
 #[derive(Debug)]
 pub(crate) struct Links {
     pub(crate) mailbox: Arc<Mailbox>,
-    epoch: std::time::Instant,
+    /// [`coarse_ms`] when the links were made.
+    epoch: u64,
     /// Milliseconds since `epoch` of the last bytes read from each peer.
     heard: Vec<AtomicU64>,
     tasks: Mutex<Vec<PeerTasks>>,
@@ -147,7 +169,7 @@ impl Links {
         let rank = mailbox.rank();
         Links {
             mailbox,
-            epoch: std::time::Instant::now(),
+            epoch: coarse_ms(),
             heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
             tasks: Mutex::new(vec![PeerTasks::default(); size]),
             bundles: Mutex::new(vec![None; size]),
@@ -160,7 +182,7 @@ impl Links {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        coarse_ms().saturating_sub(self.epoch)
     }
 
     /// How long nothing has been read from `peer`.
@@ -303,8 +325,18 @@ pub(crate) fn unannounced_eof(peer: Rank) -> Error {
 
 /// Delivers every complete message in `asm`. `Ok(true)` once the peer's close frame
 /// has been delivered.
+///
+/// # Errors
+/// A protocol error for what breaks the framing, and for the frames only
+/// shared-memory links carry (lent messages and their releases).
 pub(crate) fn deliver_all(asm: &mut Assembler, mailbox: &Mailbox) -> Result<bool> {
     while let Some(f) = asm.next_frame()? {
+        if matches!(f.header.kind, FrameKind::Pull | FrameKind::Release) {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("a {:?} frame arrived on a link that is not shared memory", f.header.kind),
+            ));
+        }
         let close = f.header.kind == FrameKind::Close;
         mailbox.deliver(f);
         if close {
@@ -528,10 +560,10 @@ impl StreamTransport {
             return Err(Error::invalid(format!("peer rank {peer} out of range for {} ranks", self.size)));
         }
         header.src = self.rank as u32;
-        let Some(link) = &self.links[peer] else {
+        if self.links[peer].is_none() {
             // To ourselves: straight into the mailbox.
             header.msg_len = payload.len() as u64;
-            self.mailbox.deliver(Frame { header, payload });
+            self.mailbox.deliver(Frame::new(header, payload));
             return Ok(None);
         };
         // A close frame still goes to a peer that closed first (it waits for ours to
@@ -541,28 +573,64 @@ impl StreamTransport {
         {
             return Err(e);
         }
-        let mut rx = None;
-        let mut queue = |payload: Bytes| {
-            let done = want_done.then(|| {
-                let (tx, r) = oneshot::channel();
-                rx = Some(r);
-                tx
-            });
-            link.send(Outgoing { header, payload, done }).map_err(|_| {
-                self.mailbox.peer_failure(peer).unwrap_or_else(|| {
-                    Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer)
-                })
-            })
-        };
         match &self.direct[peer] {
             Some(out) => {
-                let mut queued = Ok(());
-                out.send(header, payload, direct && header.kind == FrameKind::Data, |p| queued = queue(p));
-                queued?;
+                let mut queued = Ok(None);
+                let direct = direct && header.kind == FrameKind::Data;
+                out.send(header, payload, direct, |h, p| queued = self.queue(peer, h, p, want_done));
+                queued
             }
-            None => queue(payload)?,
+            None => self.queue(peer, header, payload, want_done),
         }
+    }
+
+    /// Hands a message to `peer`'s writer task; with `want_done`, with the receiver of
+    /// its hand-over to the kernel (or the ring).
+    fn queue(
+        &self,
+        peer: Rank,
+        header: Header,
+        payload: Bytes,
+        want_done: bool,
+    ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
+        let closed = || {
+            self.mailbox
+                .peer_failure(peer)
+                .unwrap_or_else(|| Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer))
+        };
+        let link = self.links.get(peer).and_then(Option::as_ref).ok_or_else(closed)?;
+        let (done, rx) = match want_done {
+            true => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        link.send(Outgoing { header, payload, done }).map_err(|_| closed())?;
         Ok(rx)
+    }
+
+    /// Waits for the hand-over of a message [`enqueue`](Self::enqueue) or
+    /// [`queue`](Self::queue) queued (nothing, if it was written already).
+    fn handed_over(
+        &self,
+        peer: Rank,
+        queued: Result<Option<oneshot::Receiver<Result<()>>>>,
+    ) -> impl Future<Output = Result<()>> + Send + use<> {
+        let rank = self.rank;
+        let mailbox = self.mailbox.clone();
+        async move {
+            let Some(rx) = queued? else { return Ok(()) };
+            // The writer went away with the message: its peer failed (the watchdog
+            // stopped it) or the transport closed.
+            rx.await.unwrap_or_else(|_| {
+                Err(mailbox.peer_failure(peer).unwrap_or_else(|| {
+                    Error::new(ErrorKind::Closed, "transport closed before the message was sent")
+                        .at_rank(rank)
+                        .with_peer(peer)
+                }))
+            })
+        }
     }
 
     /// Spreads a shared-memory pair with `peer` into its parts, keeps its sending
@@ -575,7 +643,8 @@ impl StreamTransport {
         opts: &StreamOptions,
         inboxes: &mut [Option<std::sync::Weak<crate::shm::ShmInbox>>],
     ) -> crate::shm::Split {
-        let sp = crate::shm::split(pair, stream, opts.shm.spin, peer, self.shared.clone());
+        let queue = self.links[peer].as_ref().expect("a peer other than this rank has a queue").downgrade();
+        let sp = crate::shm::split(pair, stream, opts.shm.spin, (self.rank, peer), self.shared.clone(), queue);
         self.direct[peer] = Some(sp.out.clone());
         inboxes[peer] = Some(Arc::downgrade(&sp.inbox));
         sp
@@ -614,21 +683,44 @@ impl Transport for StreamTransport {
     }
 
     fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>> + Send {
-        let queued = self.enqueue(peer, header, payload, true, true);
-        let rank = self.rank;
-        let mailbox = self.mailbox.clone();
-        async move {
-            let Some(rx) = queued? else { return Ok(()) };
-            // The writer went away with the message: its peer failed (the watchdog
-            // stopped it) or the transport closed.
-            rx.await.unwrap_or_else(|_| {
-                Err(mailbox.peer_failure(peer).unwrap_or_else(|| {
-                    Error::new(ErrorKind::Closed, "transport closed before the message was sent")
-                        .at_rank(rank)
-                        .with_peer(peer)
-                }))
-            })
-        }
+        self.handed_over(peer, self.enqueue(peer, header, payload, true, true))
+    }
+
+    /// To a shared-memory peer that can read this process, a large message is lent
+    /// out of `data` itself ([`crate::shm`]): the future completes when the peer has
+    /// copied it, and revokes the loan (copying `data`) if it ends otherwise.
+    fn send_borrowed(&self, peer: Rank, mut header: Header, data: &[u8]) -> impl Future<Output = Result<()>> + Send {
+        use futures::future::Either;
+        header.src = self.rank as u32;
+        let out = self.direct.get(peer).and_then(Option::as_ref);
+        let lent = out.filter(|o| o.lends(data.len())).and_then(|out| {
+            let pull = out.lend_borrowed(header, data)?;
+            Some((out.clone(), pull))
+        });
+        let Some((out, (id, pull, frame))) = lent else {
+            // A small message to a shared-memory peer goes into the ring straight from
+            // `data` when nothing is queued before it; otherwise it is copied and queued.
+            return Either::Left(match out {
+                Some(out) if !out.lends(data.len()) && self.mailbox.peer_failure(peer).is_none() => {
+                    let mut queued = Ok(None);
+                    out.send_slice(header, data, |h| {
+                        queued = self.queue(peer, h, self.payload_from(data), true);
+                    });
+                    Either::Left(self.handed_over(peer, queued))
+                }
+                _ => Either::Right(self.send(peer, header, self.payload_from(data))),
+            });
+        };
+        let key = hcomm_core::MatchKey { src: peer, comm: hcomm_core::mailbox::LOAN_COMM, seq: id, tag: 0 };
+        let released = Box::pin(self.mailbox.recv_frame(key));
+        let mut loan = crate::shm::LentSend { out, id, data, released, done: false };
+        let queued = self.enqueue(peer, pull, frame, false, true);
+        Either::Right(async move {
+            queued?;
+            loan.released.as_mut().await?;
+            loan.completed();
+            Ok(())
+        })
     }
 
     fn post(&self, peer: Rank, header: Header, payload: Bytes) {
@@ -713,6 +805,14 @@ impl StreamTransport {
     /// (`HCOMM_LINKS`).
     pub fn link_stats(&self, peer: Rank) -> Option<BundleStats> {
         self.bundles.get(peer)?.as_ref().map(|b| b.stats())
+    }
+
+    /// What went by single copy to and from `peer` (messages lent and copied out of
+    /// the other's memory), and how many messages lent to it are not yet released, if
+    /// this transport reaches it over shared memory.
+    pub fn shm_stats(&self, peer: Rank) -> Option<(crate::shm::ShmStats, usize)> {
+        let out = self.direct.get(peer)?.as_ref()?;
+        Some((out.stats(), out.lent_now()))
     }
 
     /// Breaks connection `link` of the bundle to `peer` (both directions), as a failed

@@ -230,6 +230,9 @@ impl Config {
             }
             c.stream.shm.ring = r;
         }
+        if let Some(min) = size_var("HCOMM_SHM_CMA")? {
+            c.stream.shm.pull_min = min;
+        }
         if let Some(spin) = micros_var("HCOMM_SHM_SPIN_US")? {
             c.stream.shm.spin = spin;
             c.auto_spin = false;

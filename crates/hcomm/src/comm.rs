@@ -555,26 +555,35 @@ impl<T: LocalTransport> Communicator<T> {
         }
     }
 
-    /// Sends `data` to rank `dst` under `tag`. The data is copied when this method is
-    /// called, so the caller may reuse its buffer at once. Messages to one rank with
-    /// one tag arrive in the order of the calls.
+    /// Sends `data` to rank `dst` under `tag`, as `MPI_Isend` followed by its wait:
+    /// the future borrows `data` until the message no longer needs it. The message is
+    /// queued when this method is called, and messages to one rank with one tag
+    /// arrive in the order of the calls. Over shared memory a large message (from
+    /// `HCOMM_SHM_CMA` bytes, 64 KiB by default) is not copied here at all: the
+    /// receiving process copies it straight out of `data`, and the future completes
+    /// once it has; otherwise `data` is copied at the call and the future completes
+    /// once the message is handed to the transport.
     ///
     /// # Errors
     /// An invalid-argument error for `dst` out of range; a peer-failed error if the
     /// connection to `dst` is broken; a timeout if the message could not be handed to
-    /// the transport within the communicator's timeout.
+    /// the transport (or copied by the peer) within the communicator's timeout.
     ///
     /// # Cancel safety
     /// The message is queued when this method is called; dropping the future does not
-    /// withdraw it.
-    pub fn send<'c, E: Element>(
-        &'c self,
+    /// withdraw it (a message the peer was to copy out of `data` is copied then, for
+    /// the peer to read instead). Leaking the future with `mem::forget` before it
+    /// completes lets a peer that copies out of `data` read it as it is by then.
+    pub fn send<'a, E: Element>(
+        &'a self,
         dst: usize,
         tag: Tag,
-        data: &[E],
-    ) -> impl Future<Output = Result<()>> + use<'c, T, E> {
-        let payload = self.group.transport().payload_from(bytemuck::cast_slice(data));
-        self.send_payload(dst, tag, p2p_signature(E::DTYPE, data.len()), payload)
+        data: &'a [E],
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let bytes: &'a [u8] = bytemuck::cast_slice(data);
+        self.send_via(dst, tag, p2p_signature(E::DTYPE, data.len()), bytes.len(), move |world, h| {
+            self.group.transport().send_borrowed(world, h, bytes)
+        })
     }
 
     /// Sends `payload` to rank `dst` under `tag` without copying it: the transport
@@ -593,25 +602,31 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Cancel safety
     /// As [`Communicator::send`]: the message is queued when this method is called.
     pub fn send_bytes(&self, dst: usize, tag: Tag, payload: Bytes) -> impl Future<Output = Result<()>> + '_ {
-        self.send_payload(dst, tag, p2p_signature(u8::DTYPE, payload.len()), payload)
+        let len = payload.len();
+        self.send_via(dst, tag, p2p_signature(u8::DTYPE, len), len, move |world, h| {
+            self.group.transport().send(world, h, payload)
+        })
     }
 
-    fn send_payload(
-        &self,
+    /// A send of `len` bytes with signature `sig`, which `start` queues to the world
+    /// rank it is given under the header it is given (at the call).
+    fn send_via<'a, F: Future<Output = Result<()>> + 'a>(
+        &'a self,
         dst: usize,
         tag: Tag,
         sig: Signature,
-        payload: Bytes,
-    ) -> impl Future<Output = Result<()>> + '_ {
-        let start = events::Stopwatch::start();
-        let len = payload.len() as u64;
+        len: usize,
+        start: impl FnOnce(usize, Header) -> F,
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let start_time = events::Stopwatch::start();
         let me = self.group.world_rank(self.rank());
         let aborted = self.group.aborted().map_or(Ok(()), |e| Err(e.in_op(OpKind::Send, None).at_rank(self.rank())));
         let queued = aborted.and_then(|()| self.check_peer(dst, OpKind::Send)).map(|world| {
-            events::message(me as u32, world as u32, OpKind::Send, true, len, Duration::ZERO);
-            let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, payload.len());
-            (world, self.group.transport().send(world, h, payload))
+            events::message(me as u32, world as u32, OpKind::Send, true, len as u64, Duration::ZERO);
+            let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, len);
+            (world, start(world, h))
         });
+        let (start, len) = (start_time, len as u64);
         async move {
             let (world, fut) = queued?;
             let r = self.group.p2p_deadline(OpKind::Send, dst, fut).await;
@@ -620,19 +635,19 @@ impl<T: LocalTransport> Communicator<T> {
         }
     }
 
+    /// Posts a receive; the frame may come with its payload still in the sender's
+    /// memory ([`Frame::remote`]), for the caller to copy where it goes.
     fn post_recv(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Frame>> + '_ {
         let start = events::Stopwatch::start();
         let posted = self.check_peer(src, OpKind::Recv).map(|world| {
-            (
-                world,
-                self.group.transport().mailbox().recv(MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag }),
-            )
+            let key = MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag };
+            (world, self.group.transport().mailbox().recv_frame(key))
         });
         async move {
             let (world, fut) = posted?;
             let me = self.group.world_rank(self.rank());
             let r = self.group.p2p_deadline(OpKind::Recv, src, fut).await;
-            let len = r.as_ref().map_or(0, |f| f.payload.len() as u64);
+            let len = r.as_ref().map_or(0, |f| f.len() as u64);
             if r.is_ok() {
                 events::message(me as u32, world as u32, OpKind::Recv, false, len, start.elapsed());
             }
@@ -680,7 +695,7 @@ impl<T: LocalTransport> Communicator<T> {
     pub fn recv<E: Element>(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Vec<E>>> + '_ {
         let frame = self.post_recv(src, tag);
         async move {
-            let f = frame.await?;
+            let f = self.local(src, frame.await?)?;
             self.check_dtype::<E>(src, &f.header)?;
             coll::to_vec(&f.payload).map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
         }
@@ -693,7 +708,8 @@ impl<T: LocalTransport> Communicator<T> {
     /// As [`Communicator::recv`], and a mismatch error if the lengths differ.
     ///
     /// # Cancel safety
-    /// As [`Communicator::recv`]; `buf` is written only when the future completes.
+    /// As [`Communicator::recv`]; `buf` is written only when the future completes
+    /// (on an error, its contents are unspecified).
     pub fn recv_into<'a, E: Element>(
         &'a self,
         src: usize,
@@ -711,8 +727,18 @@ impl<T: LocalTransport> Communicator<T> {
                     format!("rank {src} sent {} elements into a buffer of {}", f.header.count, buf.len()),
                 ));
             }
-            coll::copy_in(buf, &f.payload).map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
+            let copied = match &f.remote {
+                // Lent by a shared-memory peer: one copy, from its memory into `buf`.
+                Some(r) => r.read_into(bytemuck::cast_slice_mut(buf)),
+                None => coll::copy_in(buf, &f.payload),
+            };
+            copied.map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
         }
+    }
+
+    /// `f` with its payload here (read out of the sender's memory if it was lent).
+    fn local(&self, src: usize, f: Frame) -> Result<Frame> {
+        f.into_local().map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
     }
 
     /// Receives the next message from rank `src` with `tag` as the bytes the transport
@@ -728,7 +754,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// As [`Communicator::recv`].
     pub fn recv_bytes(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Bytes>> + '_ {
         let frame = self.post_recv(src, tag);
-        async move { Ok(frame.await?.payload) }
+        async move { Ok(self.local(src, frame.await?)?.payload) }
     }
 
     /// Sends `data` to `dst` and receives from `src` at once (the exchange step of
@@ -739,14 +765,14 @@ impl<T: LocalTransport> Communicator<T> {
     ///
     /// # Cancel safety
     /// As [`Communicator::send`] and [`Communicator::recv`].
-    pub fn sendrecv<'c, E: Element>(
-        &'c self,
+    pub fn sendrecv<'a, E: Element>(
+        &'a self,
         dst: usize,
         send_tag: Tag,
-        data: &[E],
+        data: &'a [E],
         src: usize,
         recv_tag: Tag,
-    ) -> impl Future<Output = Result<Vec<E>>> + use<'c, T, E> {
+    ) -> impl Future<Output = Result<Vec<E>>> + 'a {
         let recv = self.recv::<E>(src, recv_tag);
         let send = self.send(dst, send_tag, data);
         async move { futures::try_join!(send, recv).map(|(_, v)| v) }

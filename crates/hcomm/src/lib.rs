@@ -65,7 +65,7 @@ pub use hcomm_topology::{Grid, Level, Placement, Topology, TopologyFile};
 /// The RDMA transport (cargo feature `rdma`).
 #[cfg(all(feature = "rdma", target_os = "linux"))]
 pub use hcomm_transport::rdma::{RdmaBufferStats, RdmaOptions, RdmaTransport};
-pub use hcomm_transport::{BundleStats, HAS_RDMA, HAS_URING, MemTransport, StreamOptions, StreamTransport};
+pub use hcomm_transport::{BundleStats, HAS_RDMA, HAS_URING, MemTransport, ShmStats, StreamOptions, StreamTransport};
 pub use tune::{TuneOptions, round_order, tune_sizes};
 
 use std::sync::Arc;

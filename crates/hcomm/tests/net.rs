@@ -57,7 +57,7 @@ async fn tcp_in_flight_and_mismatch() {
     mismatch(&mut comms).await;
 }
 
-/// Over tcp, shared memory and io_uring.
+/// Over tcp, shared memory (where large `send`s lend the caller's buffer) and io_uring.
 #[tokio::test(flavor = "current_thread")]
 async fn sends_are_queued_at_the_call() {
     sends_queue_at_the_call(&hcomm::local_tcp(2).await.unwrap()).await;

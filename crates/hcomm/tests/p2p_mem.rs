@@ -70,9 +70,10 @@ async fn recv_without_send_times_out_naming_the_peer() {
 async fn sendrecv_ring_shift() {
     for n in 1..=7 {
         let comms = hcomm::local(n);
+        let data: Vec<[u64; 4]> = (0..n).map(|r| [r as u64; 4]).collect();
         let got = join_all(comms.iter().map(|c| {
             let r = c.rank();
-            c.sendrecv((r + 1) % n, 0, &[r as u64; 4], (r + n - 1) % n, 0)
+            c.sendrecv((r + 1) % n, 0, &data[r], (r + n - 1) % n, 0)
         }))
         .await;
         for (r, g) in got.into_iter().enumerate() {

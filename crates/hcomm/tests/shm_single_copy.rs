@@ -1,0 +1,174 @@
+//! Single copy over shared memory (`hcomm_transport::shm`): large messages stay in the
+//! sender's memory, lent, and the receiver copies them out itself. Every way of sending
+//! against every way of receiving, on both sides of the size that switches it on; a
+//! dropped send; two ranks that both send before they receive; a sender whose side of
+//! the link is gone before its message was read. Ranks are tasks of this process,
+//! linked by shared-memory rings.
+
+use std::time::Duration;
+
+use hcomm::{Bytes, Communicator, StreamTransport};
+
+/// `HCOMM_SHM_CMA`'s default: messages of this size and more are lent.
+const LEND_MIN: usize = 64 << 10;
+
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn stats(c: &Communicator<StreamTransport>, peer: usize) -> (hcomm::ShmStats, usize) {
+    c.transport().shm_stats(peer).expect("the ranks are linked by shared memory")
+}
+
+/// Waits (a bounded while) until rank `c`'s loans to `peer` are all released.
+async fn released(c: &Communicator<StreamTransport>, peer: usize) {
+    for _ in 0..500 {
+        if stats(c, peer).1 == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("loans of rank {} to rank {peer} never released: {:?}", c.rank(), stats(c, peer));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_send_against_every_receive_across_the_threshold() {
+    let comms = hcomm::local_shm(2).await.unwrap();
+    let (a, b) = (&comms[0], &comms[1]);
+    assert_eq!(a.transport_name(), "shm");
+    let sizes = [0, 1, 4099, LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 1_048_583, 3_000_017];
+    let mut tag = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = random_bytes(len, i as u64);
+        for recv_kind in 0..3 {
+            for owned in [false, true] {
+                tag += 1;
+                let send = async {
+                    if owned {
+                        a.send_bytes(1, tag, Bytes::from(data.clone())).await
+                    } else {
+                        a.send(1, tag, &data).await
+                    }
+                };
+                let recv = async {
+                    match recv_kind {
+                        0 => {
+                            let mut buf = vec![0u8; len];
+                            b.recv_into(0, tag, &mut buf).await.map(|()| buf)
+                        }
+                        1 => b.recv::<u8>(0, tag).await,
+                        _ => b.recv_bytes(0, tag).await.map(|x| x.to_vec()),
+                    }
+                };
+                let (s, r) = futures::join!(send, recv);
+                s.unwrap_or_else(|e| panic!("{len} B, receive kind {recv_kind}, owned {owned}: {e}"));
+                let got = r.unwrap_or_else(|e| panic!("{len} B, receive kind {recv_kind}, owned {owned}: {e}"));
+                assert!(got == data, "{len} B, receive kind {recv_kind}, owned {owned}: wrong bytes");
+            }
+        }
+    }
+    // Typed messages too: f32 in, the same count out.
+    let floats: Vec<f32> = (0..300_007).map(|k| k as f32 * 0.25 - 7.0).collect();
+    let mut out = vec![0f32; floats.len()];
+    let (s, r) = futures::join!(a.send(1, 999, &floats), b.recv_into(0, 999, &mut out));
+    s.unwrap();
+    r.unwrap();
+    assert_eq!(out, floats);
+    // A lent message of another length or element type is refused like any other.
+    let mut short = vec![0f32; floats.len() - 1];
+    let (s, r) = futures::join!(a.send(1, 1000, &floats), b.recv_into(0, 1000, &mut short));
+    s.unwrap();
+    assert!(r.unwrap_err().is_mismatch());
+
+    let large = sizes.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
+    released(a, 1).await;
+    let (st, _) = stats(a, 1);
+    // Per large size: three receive kinds of each send kind; plus the two f32 sends.
+    assert_eq!(st.lent, 3 * large, "{st:?}");
+    assert_eq!(st.borrowed, 3 * large + 2, "{st:?}");
+    assert_eq!(st.revoked, 0, "{st:?}");
+    let (st_b, _) = stats(b, 0);
+    // Rank 1 copied every lent message out once, straight into its receive or at once
+    // when none waited; the refused one only if no receive waited for it yet.
+    assert!((6 * large + 1..=6 * large + 2).contains(&st_b.pulled), "{st_b:?}");
+}
+
+/// A send future dropped before the receiver copied the message still delivers what
+/// the buffer held at the call, even though the buffer changes right after.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_send_delivers_what_its_buffer_held() {
+    let mut comms = hcomm::local_shm(2).await.unwrap();
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(20)));
+    for (i, len) in [LEND_MIN, 1_048_583].into_iter().enumerate() {
+        let mut buf = random_bytes(len, 40 + i as u64);
+        let original = buf.clone();
+        // Queued (lent out of `buf`) at the call; dropped before anyone ran.
+        drop(comms[0].send(1, 3, &buf));
+        buf.fill(0xEE);
+        let mut out = vec![0u8; len];
+        comms[1].recv_into(0, 3, &mut out).await.unwrap();
+        assert!(out == original, "{len} B: the receiver got the reused buffer");
+    }
+    let (st, _) = stats(&comms[0], 1);
+    assert_eq!((st.borrowed, st.revoked), (2, 2), "{st:?}");
+    // The receiver found both sends dropped and read their copies.
+    assert_eq!(stats(&comms[1], 0).0.reread, 2);
+    released(&comms[0], 1).await;
+}
+
+/// Both ranks send a large message before they receive: a send that waits until the
+/// peer has copied its buffer must not wait for the peer's receive to be posted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_that_send_before_they_receive_do_not_deadlock() {
+    let comms = hcomm::local_shm(2).await.unwrap();
+    let exchange = |me: usize| {
+        let c = &comms[me];
+        async move {
+            let mine = random_bytes(2_000_003, me as u64);
+            for round in 0..5 {
+                c.send(1 - me, round, &mine).await?;
+                let theirs = c.recv::<u8>(1 - me, round).await?;
+                assert!(theirs == random_bytes(2_000_003, 1 - me as u64));
+            }
+            hcomm::Result::<()>::Ok(())
+        }
+    };
+    let both = futures::future::try_join(exchange(0), exchange(1));
+    tokio::time::timeout(Duration::from_secs(60), both).await.expect("no deadlock").unwrap();
+    // Neither receive was posted when the other's message came: copied out at once.
+    assert!(stats(&comms[1], 0).0.unposted >= 1);
+}
+
+/// A rank whose communicator goes away with a lent message unread: its peer's receive
+/// fails with a peer-failed error naming it, never returning whatever the memory
+/// holds by then. Twice: once with the memory given back to the allocator (the copy
+/// finds nothing there), once with the memory still mapped and even intact (a clone
+/// of the bytes lives on here), where only the mark the lender left in the ring tells.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lender_that_goes_first_fails_the_receive() {
+    for keep in [false, true] {
+        let mut comms = hcomm::local_shm(2).await.unwrap();
+        comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(20)));
+        let data = Bytes::from(random_bytes(1 << 20, 9));
+        comms[0].send_bytes(1, 4, data.clone()).await.unwrap();
+        let kept = keep.then_some(data);
+        let b = comms.pop().unwrap();
+        drop(comms);
+        // Let rank 0's tasks end (its side of the links lets go of what it lent).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let e = b.recv_bytes(0, 4).await.unwrap_err();
+        assert!(e.is_peer_failed() && e.peer() == Some(0), "{e}");
+        if keep {
+            assert!(e.to_string().contains("closed its side"), "{e}");
+        }
+        drop(kept);
+    }
+}
