@@ -119,8 +119,72 @@ impl MatchKey {
 }
 
 enum Slot {
-    Arrived(VecDeque<Frame>),
-    Waiting(VecDeque<oneshot::Sender<Result<Frame>>>),
+    Arrived(Fifo<Frame>),
+    Waiting(Fifo<oneshot::Sender<Result<Frame>>>),
+}
+
+/// A first-in first-out queue that holds a lone element inline: nearly every slot holds
+/// one waiting receive or one early message, for which a `VecDeque` would allocate on
+/// the path of every small message.
+enum Fifo<T> {
+    Empty,
+    One(T),
+    Many(VecDeque<T>),
+}
+
+impl<T> Fifo<T> {
+    fn one(x: T) -> Fifo<T> {
+        Fifo::One(x)
+    }
+
+    fn push_back(&mut self, x: T) {
+        match std::mem::replace(self, Fifo::Empty) {
+            Fifo::Empty => *self = Fifo::One(x),
+            Fifo::One(a) => *self = Fifo::Many(VecDeque::from([a, x])),
+            Fifo::Many(mut q) => {
+                q.push_back(x);
+                *self = Fifo::Many(q);
+            }
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<T> {
+        match self {
+            Fifo::Empty => None,
+            Fifo::One(_) => match std::mem::replace(self, Fifo::Empty) {
+                Fifo::One(a) => Some(a),
+                _ => unreachable!("matched One"),
+            },
+            Fifo::Many(q) => q.pop_front(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Fifo::Empty => true,
+            Fifo::One(_) => false,
+            Fifo::Many(q) => q.is_empty(),
+        }
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        match self {
+            Fifo::Empty => {}
+            Fifo::One(a) => {
+                let mut keep = keep;
+                if !keep(a) {
+                    *self = Fifo::Empty;
+                }
+            }
+            Fifo::Many(q) => q.retain(keep),
+        }
+    }
+
+    /// Takes every element out, first first.
+    fn take_all(&mut self) -> impl Iterator<Item = T> {
+        let mut all = std::mem::replace(self, Fifo::Empty);
+        std::iter::from_fn(move || all.pop_front())
+    }
 }
 
 /// The hash of the matching table: a multiply-rotate over the key's four words
@@ -234,6 +298,9 @@ fn poll_link(
         Err(oneshot::error::TryRecvError::Empty) => None,
         Err(oneshot::error::TryRecvError::Closed) => Some(Err(())),
     };
+    if let Some(r) = check(rx) {
+        return Some(r);
+    }
     let link = (p.link)(src)?;
     if !link.poll() {
         return check(rx);
@@ -346,7 +413,7 @@ impl Mailbox {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         let Some(frame) = Self::to_waiter(inner, key, frame) else { return };
-        match inner.slots.entry(key).or_insert_with(|| Slot::Arrived(VecDeque::new())) {
+        match inner.slots.entry(key).or_insert_with(|| Slot::Arrived(Fifo::Empty)) {
             Slot::Arrived(q) => q.push_back(frame),
             Slot::Waiting(_) => unreachable!("waiting slots were drained above"),
         }
@@ -424,16 +491,15 @@ impl Mailbox {
                     let closed =
                         || Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank);
                     std::future::poll_fn(|cx| {
-                        if let Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
+                        // The link first, and the waker registered only if that brought
+                        // nothing: a message the poll itself reads is taken without a
+                        // wake-up of this task (which registering first would cost).
+                        if let Some(p) = &progress
+                            && let Some(r) = poll_link(p, key.src, &mut rx)
+                        {
                             return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
                         }
-                        match &progress {
-                            Some(p) => match poll_link(p, key.src, &mut rx) {
-                                Some(r) => Poll::Ready(r.unwrap_or_else(|_| Err(closed()))),
-                                None => Poll::Pending,
-                            },
-                            None => Poll::Pending,
-                        }
+                        Pin::new(&mut rx).poll(cx).map(|r| r.unwrap_or_else(|_| Err(closed())))
                     })
                     .await
                 }
@@ -459,12 +525,17 @@ impl Mailbox {
             return Ok(Err(e.clone()));
         }
         let (tx, rx) = oneshot::channel();
-        match inner.slots.entry(key).or_insert_with(|| Slot::Waiting(VecDeque::new())) {
-            Slot::Waiting(w) => {
-                w.retain(|t| !t.is_closed());
-                w.push_back(tx);
+        match inner.slots.entry(key) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Slot::Waiting(Fifo::one(tx)));
             }
-            Slot::Arrived(_) => unreachable!("handled above"),
+            std::collections::hash_map::Entry::Occupied(mut o) => match o.get_mut() {
+                Slot::Waiting(w) => {
+                    w.retain(|t| !t.is_closed());
+                    w.push_back(tx);
+                }
+                Slot::Arrived(_) => unreachable!("handled above"),
+            },
         }
         Err(rx)
     }
@@ -544,7 +615,7 @@ impl Mailbox {
     fn fail_waiters(inner: &mut Inner, pick: impl Fn(&MatchKey) -> bool, err: &Error) {
         inner.slots.retain(|k, slot| match slot {
             Slot::Waiting(w) if pick(k) => {
-                for tx in w.drain(..) {
+                for tx in w.take_all() {
                     let _ = tx.send(Err(err.clone()));
                 }
                 false

@@ -15,6 +15,20 @@
 //! 72  frag len u32        76  reserved u32 (zero)
 //! ```
 //! All integers are little-endian.
+//!
+//! Shared-memory rings also carry *short frames*: a small single-fragment data message
+//! written into the ring by the sending task, with a 40-byte header that leaves out
+//! what such a message does not need (source rank: the ring's writer; message id,
+//! offset: one fragment), so that header and payload of a small message fit one cache
+//! line, and zero bytes of padding between frames, which keep such a frame inside one
+//! line:
+//!
+//! ```text
+//!  0  magic 0xA5           1  op kind u8    2  dtype u8    3  reduce op u8
+//!  4  algorithm u8         5  reserved u8 (zero)           6  payload len u16
+//!  8  tag u32             12  root u32 (u32::MAX: none)
+//! 16  comm id u64         24  seq u64      32  count u64
+//! ```
 
 use std::fmt;
 
@@ -30,6 +44,14 @@ pub const MAX_FRAGMENT: u32 = 16 << 20;
 /// Largest message a decoder accepts (1 TiB).
 pub const MAX_MESSAGE: u64 = 1 << 40;
 const NO_ROOT: u32 = u32::MAX;
+/// First byte of a short frame.
+pub const SHORT_MAGIC: u8 = 0xA5;
+/// Length of a short frame's header.
+pub const SHORT_LEN: usize = 40;
+/// Largest payload of a short frame.
+pub const SHORT_MAX: usize = 4096;
+/// Padding between frames on a shared-memory ring.
+pub const PAD: u8 = 0;
 
 /// What a frame is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -215,6 +237,77 @@ impl Header {
         b
     }
 
+    /// The short-frame header of this header (see the module documentation), if it is
+    /// a data message of one fragment of at most [`SHORT_MAX`] bytes.
+    pub fn encode_short(&self) -> Option<[u8; SHORT_LEN]> {
+        let len = self.msg_len;
+        if self.kind != FrameKind::Data || self.offset != 0 || u64::from(self.frag_len) != len || len > SHORT_MAX as u64
+        {
+            return None;
+        }
+        let mut b = [0u8; SHORT_LEN];
+        b[0] = SHORT_MAGIC;
+        b[1] = self.op as u8;
+        b[2] = self.dtype.map_or(0, |d| d as u8);
+        b[3] = self.reduce.map_or(0, |r| r as u8);
+        b[4] = self.flags;
+        b[6..8].copy_from_slice(&(len as u16).to_le_bytes());
+        b[8..12].copy_from_slice(&self.tag.to_le_bytes());
+        b[12..16].copy_from_slice(&self.root.unwrap_or(NO_ROOT).to_le_bytes());
+        b[16..24].copy_from_slice(&self.comm.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..40].copy_from_slice(&self.count.to_le_bytes());
+        Some(b)
+    }
+
+    /// Decodes and validates the short-frame header at the start of `b`, a frame from
+    /// rank `src`. Never panics and never allocates.
+    pub fn decode_short(b: &[u8], src: u32) -> Result<Header, WireError> {
+        if b.len() < SHORT_LEN {
+            return Err(WireError::Short(b.len()));
+        }
+        if b[0] != SHORT_MAGIC {
+            return Err(WireError::BadMagic([b[0], b[1], b[2], b[3]]));
+        }
+        let op = OpKind::from_code(b[1]).ok_or(WireError::BadOpKind(b[1]))?;
+        let dtype = match b[2] {
+            0 => None,
+            c => Some(DType::from_code(c).ok_or(WireError::BadDType(c))?),
+        };
+        let reduce = match b[3] {
+            0 => None,
+            c => Some(ReduceOp::from_code(c).ok_or(WireError::BadReduceOp(c))?),
+        };
+        if b[5] != 0 {
+            return Err(WireError::Reserved);
+        }
+        let len = u16::from_le_bytes([b[6], b[7]]);
+        if usize::from(len) > SHORT_MAX {
+            return Err(WireError::TooLarge { msg_len: u64::from(len), frag_len: u32::from(len) });
+        }
+        let root = match u32_at(b, 12) {
+            NO_ROOT => None,
+            r => Some(r),
+        };
+        Ok(Header {
+            kind: FrameKind::Data,
+            op,
+            dtype,
+            reduce,
+            flags: b[4],
+            src,
+            comm: u64_at(b, 16),
+            seq: u64_at(b, 24),
+            tag: u32_at(b, 8),
+            root,
+            count: u64_at(b, 32),
+            msg_id: u64::MAX,
+            msg_len: u64::from(len),
+            offset: 0,
+            frag_len: u32::from(len),
+        })
+    }
+
     /// Decodes and validates the first [`HEADER_LEN`] bytes of `b`. Never panics and
     /// never allocates; every field is range-checked.
     pub fn decode(b: &[u8]) -> Result<Header, WireError> {
@@ -320,10 +413,63 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(WireError::BadFragment { .. })));
     }
 
+    #[test]
+    fn only_small_whole_data_messages_are_short() {
+        let mut h = sample();
+        h.msg_id = u64::MAX;
+        assert_eq!(Header::decode_short(&h.encode_short().unwrap(), h.src), Ok(h));
+        let mut frag = h;
+        frag.frag_len = 1000;
+        assert_eq!(frag.encode_short(), None, "one fragment of several");
+        let mut ctl = Header::control(FrameKind::Abort, OpKind::AllReduce, 3, 7, 42, 10);
+        ctl.frag_len = 10;
+        assert_eq!(ctl.encode_short(), None, "not data");
+        let mut b = h.encode_short().unwrap();
+        b[6..8].copy_from_slice(&(SHORT_MAX as u16 + 1).to_le_bytes());
+        assert!(matches!(Header::decode_short(&b, 3), Err(WireError::TooLarge { .. })));
+    }
+
     proptest! {
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Header::decode(&bytes);
+            let _ = Header::decode_short(&bytes, 1);
+        }
+
+        /// Short frames carry every field a small data message needs.
+        #[test]
+        fn short_headers_round_trip(
+            len in 0usize..=SHORT_MAX,
+            tag in any::<u32>(),
+            comm in any::<u64>(),
+            seq in any::<u64>(),
+            count in any::<u64>(),
+            root in proptest::option::of(0u32..1000),
+            algo in any::<u8>(),
+        ) {
+            let sig = Signature { op: OpKind::Broadcast, dtype: Some(DType::F16), reduce: Some(ReduceOp::Max), count, root, algo };
+            let mut h = Header::data(5, comm, seq, tag, &sig, len);
+            h.frag_len = len as u32;
+            h.msg_id = u64::MAX;
+            let b = h.encode_short().expect("a small data message has a short form");
+            prop_assert_eq!(Header::decode_short(&b, 5), Ok(h));
+            // Larger messages and other frames have none.
+            h.msg_len = SHORT_MAX as u64 + 1;
+            h.frag_len = h.msg_len as u32;
+            prop_assert_eq!(h.encode_short(), None);
+        }
+
+        #[test]
+        fn mutated_short_headers_decode_or_fail_cleanly(pos in 0usize..SHORT_LEN, val in any::<u8>()) {
+            let mut h = sample();
+            h.msg_len = 100;
+            h.frag_len = 100;
+            h.msg_id = u64::MAX;
+            let mut b = h.encode_short().unwrap();
+            b[pos] = val;
+            if let Ok(d) = Header::decode_short(&b, h.src) {
+                prop_assert_eq!(d.encode_short().unwrap(), b);
+            }
         }
 
         #[test]

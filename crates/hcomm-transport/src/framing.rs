@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::{Buf, Bytes, BytesMut};
 use hcomm_core::pool::{self, PoolBuf};
-use hcomm_core::wire::{HEADER_LEN, Header, WireError};
+use hcomm_core::wire::{HEADER_LEN, Header, PAD, SHORT_LEN, SHORT_MAGIC, SHORT_MAX, WireError};
 use hcomm_core::{Error, ErrorKind, Frame, Result};
 use tokio::sync::oneshot;
 
@@ -182,6 +182,9 @@ pub(crate) struct Assembler {
     /// A fragment being read into its message's buffer: the message's id and the
     /// length its buffer has once the fragment is in.
     direct: Option<(u64, usize)>,
+    /// The stream is a shared-memory ring's: short frames and padding between frames
+    /// are allowed ([`hcomm_core::wire`]).
+    ring: bool,
 }
 
 fn protocol(msg: impl Into<String>) -> Error {
@@ -190,7 +193,36 @@ fn protocol(msg: impl Into<String>) -> Error {
 
 impl Assembler {
     pub fn new(peer: usize) -> Assembler {
-        Assembler { buf: BytesMut::with_capacity(READ_CHUNK), partial: HashMap::new(), peer: peer as u32, direct: None }
+        Assembler {
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            partial: HashMap::new(),
+            peer: peer as u32,
+            direct: None,
+            ring: false,
+        }
+    }
+
+    /// An assembler for the stream of a shared-memory ring, which also carries short
+    /// frames and padding.
+    pub fn for_ring(peer: usize) -> Assembler {
+        Assembler { ring: true, ..Assembler::new(peer) }
+    }
+
+    /// Skips padding at a frame boundary; the short frame at the start of the buffer,
+    /// if one is there whole (`Ok(None)`: none there, or not whole yet).
+    fn short_frame(&mut self) -> Result<Option<Frame>> {
+        let pad = self.buf.iter().take_while(|&&b| b == PAD).count();
+        self.buf.advance(pad);
+        if self.buf.first() != Some(&SHORT_MAGIC) || self.buf.len() < SHORT_LEN {
+            return Ok(None);
+        }
+        let h = Header::decode_short(&self.buf, self.peer).map_err(|e| protocol(e.to_string()))?;
+        let n = h.frag_len as usize;
+        if self.buf.len() < SHORT_LEN + n {
+            return Ok(None);
+        }
+        self.buf.advance(SHORT_LEN);
+        Ok(Some(Frame::new(h, self.buf.split_to(n).freeze())))
     }
 
     /// The buffer to read into next and the most bytes to read into it, taken by
@@ -204,7 +236,9 @@ impl Assembler {
             p.data.reserve(left);
             return (std::mem::take(&mut *p.data), left);
         }
-        let need = if self.buf.len() < HEADER_LEN {
+        let need = if self.ring && self.buf.first() == Some(&SHORT_MAGIC) {
+            SHORT_LEN + SHORT_MAX
+        } else if self.buf.len() < HEADER_LEN {
             HEADER_LEN
         } else {
             match Header::decode(&self.buf) {
@@ -224,6 +258,13 @@ impl Assembler {
             Some((id, _)) => *self.partial.get_mut(&id).expect("a direct read has its message").data = buf,
             None => self.buf = buf,
         }
+    }
+
+    /// Whether the parser holds no bytes of a frame (a message may be partly received:
+    /// fragments of other messages may come first), so that what follows in the stream
+    /// may be parsed elsewhere.
+    pub fn idle(&self) -> bool {
+        self.buf.is_empty() && self.direct.is_none()
     }
 
     /// Bytes received and not yet parsed (those of a fragment read straight into its
@@ -295,6 +336,15 @@ impl Assembler {
             }
         }
         loop {
+            if self.ring {
+                if let Some(f) = self.short_frame()? {
+                    return Ok(Some(f));
+                }
+                if self.buf.first() == Some(&SHORT_MAGIC) {
+                    // Not whole yet.
+                    return Ok(None);
+                }
+            }
             if self.buf.len() < HEADER_LEN {
                 return Ok(None);
             }
@@ -422,7 +472,75 @@ mod tests {
         assert!(push(&mut a, &wire, &mut Vec::new()).unwrap_err().is_protocol());
     }
 
+    /// What a shared-memory ring carries for `msgs` (`(short, len)`): whole frames as
+    /// the writer task writes them, or short frames as a sending task writes them,
+    /// with `pads[i]` bytes of padding before each.
+    fn ring_stream(msgs: &[(bool, usize)], pads: &[usize]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for (i, &(short, len)) in msgs.iter().enumerate() {
+            wire.extend(std::iter::repeat_n(PAD, pads[i % pads.len().max(1)] % 64));
+            let m = msg(5, len, i as u8);
+            let mut h = m.header;
+            h.frag_len = len as u32;
+            h.msg_id = u64::MAX;
+            match h.encode_short().filter(|_| short) {
+                Some(b) => {
+                    wire.extend_from_slice(&b);
+                    wire.extend_from_slice(&m.payload);
+                }
+                None => wire.extend(encode(vec![m], 1 << 20)),
+            }
+        }
+        wire
+    }
+
     proptest! {
+        /// A ring's mix of short and whole frames and padding, read in any pieces,
+        /// gives every message whole and in order.
+        #[test]
+        fn ring_streams_with_short_frames_reassemble(
+            msgs in proptest::collection::vec((any::<bool>(), prop_oneof![0usize..100, 0usize..5000, 0usize..70_000]), 1..20),
+            pads in proptest::collection::vec(0usize..64, 1..8),
+            read_size in 1usize..9000,
+        ) {
+            let wire = ring_stream(&msgs, &pads);
+            let mut a = Assembler::for_ring(1);
+            let mut out = Vec::new();
+            for piece in wire.chunks(read_size) {
+                push(&mut a, piece, &mut out).unwrap();
+            }
+            prop_assert_eq!(out.len(), msgs.len());
+            for (i, (f, &(_, len))) in out.iter().zip(&msgs).enumerate() {
+                prop_assert_eq!(f.header.tag, 5);
+                prop_assert_eq!(f.header.src, 1);
+                prop_assert_eq!(&f.payload[..], &vec![i as u8; len][..]);
+            }
+        }
+
+        /// The same stream with damage: the parser never panics, and what it returns
+        /// before a protocol error is whole.
+        #[test]
+        fn mutated_ring_streams_are_refused_or_whole(
+            msgs in proptest::collection::vec((any::<bool>(), 0usize..300), 1..8),
+            pads in proptest::collection::vec(0usize..64, 1..4),
+            flips in proptest::collection::vec((any::<proptest::sample::Index>(), 1u8..=255), 1..4),
+        ) {
+            let mut wire = ring_stream(&msgs, &pads);
+            for (at, x) in &flips {
+                let i = at.index(wire.len());
+                wire[i] ^= x;
+            }
+            let mut a = Assembler::for_ring(1);
+            let mut out = Vec::new();
+            match push(&mut a, &wire, &mut out) {
+                Ok(()) => prop_assert!(out.len() <= msgs.len() + 8),
+                Err(e) => prop_assert!(e.is_protocol(), "{e}"),
+            }
+            for f in &out {
+                prop_assert_eq!(f.payload.len() as u64, f.header.msg_len);
+            }
+        }
+
         #[test]
         fn any_split_reassembles(
             lens in proptest::collection::vec(0usize..150_000, 1..12),

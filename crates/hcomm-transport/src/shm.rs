@@ -88,7 +88,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
 
 use hcomm_core::mailbox::{Frame, LOAN_COMM, RemotePayload};
-use hcomm_core::wire::{FrameKind, HEADER_LEN, Header, MAX_MESSAGE};
+use hcomm_core::wire::{FrameKind, Header, MAX_MESSAGE, PAD, SHORT_LEN, SHORT_MAGIC};
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use parking_lot::Mutex;
 
@@ -103,8 +103,11 @@ const HDR: usize = 256;
 /// header: the writer publishes there what the reader checks after its copy.
 const SLOTS: usize = 1024;
 const SLOT_LEN: usize = 16;
-/// Start of the ring's data.
+/// Start of the ring's data (on a cache line).
 const DATA: usize = HDR + SLOTS * SLOT_LEN;
+/// A cache line.
+const LINE: usize = 64;
+const _: () = assert!(DATA % LINE == 0);
 
 /// States of a [`Slot`]. A lent slot is one of the messages a `send` lends out of the
 /// application's buffer while the send waits (`LENT`). Should that send be dropped
@@ -205,6 +208,12 @@ impl Ring {
         self.room(usize::MAX)
     }
 
+    /// Writer: bytes written so far (the data region starts on a cache line, so this
+    /// modulo [`LINE`] is the next byte's place in its line).
+    fn written(&self) -> u64 {
+        self.u64_at(HEAD).load(Ordering::Relaxed)
+    }
+
     /// Writer: the room in the ring, read afresh from the reader's counter only if
     /// the last reading leaves less than `need`.
     fn room(&self, need: usize) -> usize {
@@ -251,6 +260,18 @@ impl Ring {
     /// # Safety
     /// `dst` must be valid for `len` bytes of writes.
     unsafe fn pop(&self, dst: *mut u8, len: usize) -> usize {
+        // SAFETY: as the caller promises.
+        let n = unsafe { self.peek(dst, len) };
+        self.skip(n);
+        n
+    }
+
+    /// Reader: copies up to `len` bytes to `dst` without taking them out of the ring;
+    /// returns how many.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes.
+    unsafe fn peek(&self, dst: *mut u8, len: usize) -> usize {
         let tail = self.u64_at(TAIL).load(Ordering::Relaxed);
         let n = self.readable().min(len);
         let at = (tail % self.cap as u64) as usize;
@@ -262,8 +283,13 @@ impl Ring {
             std::ptr::copy_nonoverlapping(data.add(at), dst, first);
             std::ptr::copy_nonoverlapping(data, dst.add(first), n - first);
         }
-        self.u64_at(TAIL).store(tail + n as u64, Ordering::Release);
         n
+    }
+
+    /// Reader: takes `n` bytes out of the ring (at most what is readable).
+    fn skip(&self, n: usize) {
+        let tail = self.u64_at(TAIL).load(Ordering::Relaxed);
+        self.u64_at(TAIL).store(tail + n as u64, Ordering::Release);
     }
 }
 
@@ -747,6 +773,24 @@ impl ShmInbox {
         let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
         let mut got = false;
         loop {
+            if asm.idle() {
+                match self.short_frames() {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        got = true;
+                        if wakes(self.ring.u32_at(WRITER_WAITS)) {
+                            self.bell.ring(DOORBELL_SPACE);
+                        }
+                    }
+                    Err(e) => {
+                        self.end(Some(e.with_peer(self.peer)));
+                        return Drained::Ended;
+                    }
+                }
+            }
+            if self.ring.readable() == 0 {
+                break;
+            }
             let (mut buf, limit) = asm.read_target();
             let spare = (buf.capacity() - buf.len()).min(limit);
             debug_assert!(spare > 0, "the framing hands out buffers with room");
@@ -763,8 +807,7 @@ impl ShmInbox {
                 break;
             }
             got = true;
-            fence(Ordering::SeqCst);
-            if self.ring.u32_at(WRITER_WAITS).swap(0, Ordering::SeqCst) == 1 {
+            if wakes(self.ring.u32_at(WRITER_WAITS)) {
                 self.bell.ring(DOORBELL_SPACE);
             }
             match self.deliver_all(&mut asm) {
@@ -784,6 +827,45 @@ impl ShmInbox {
             Drained::Some
         } else {
             Drained::Nothing
+        }
+    }
+
+    /// Reads short frames, and the padding before them, straight out of the ring into
+    /// the mailbox, as long as the ring holds them whole (the writer publishes each
+    /// at once); stops at anything else, for the parser, which must hold no bytes
+    /// (see [`Assembler::idle`]). The common case of a small message takes no copy
+    /// into the parser's buffer and no split of it. Returns how many bytes it took.
+    fn short_frames(&self) -> Result<usize> {
+        let mut taken = 0;
+        loop {
+            let mut head = [0u8; SHORT_LEN];
+            // SAFETY: `head` is valid for its length.
+            let k = unsafe { self.ring.peek(head.as_mut_ptr(), SHORT_LEN) };
+            let pad = head[..k].iter().take_while(|&&b| b == PAD).count();
+            if pad > 0 {
+                self.ring.skip(pad);
+                taken += pad;
+                continue;
+            }
+            if k < SHORT_LEN || head[0] != SHORT_MAGIC {
+                return Ok(taken);
+            }
+            let h = Header::decode_short(&head, self.peer as u32).map_err(|e| protocol(e.to_string()))?;
+            let len = h.frag_len as usize;
+            if self.ring.readable() < SHORT_LEN + len {
+                return Ok(taken);
+            }
+            self.ring.skip(SHORT_LEN);
+            let mut payload = BytesMut::with_capacity(len);
+            // SAFETY: `payload` has room for `len` bytes, all of which the ring holds
+            // (checked above) and `pop` writes before they become its length.
+            unsafe {
+                let n = self.ring.pop(payload.as_mut_ptr(), len);
+                debug_assert_eq!(n, len);
+                payload.set_len(n);
+            }
+            self.links.mailbox.deliver(Frame::new(h, payload.freeze()));
+            taken += SHORT_LEN + len;
         }
     }
 
@@ -1047,21 +1129,35 @@ impl ShmOut {
     fn write_or_queue(&self, header: Header, payload: &[u8], direct: bool, queue: impl FnOnce(Header)) -> bool {
         let mut busy = self.busy.lock();
         let len = payload.len();
-        if direct
-            && *busy == 0
-            && len <= DIRECT_MAX
-            && !self.bell.dead.load(Ordering::Acquire)
-            && self.ring.room(HEADER_LEN + len) >= HEADER_LEN + len
-        {
-            let mut header = header;
-            header.msg_id = u64::MAX;
-            header.msg_len = len as u64;
-            header.offset = 0;
-            header.frag_len = len as u32;
-            self.ring.push_parts(&[&header.encode(), payload]);
-            drop(busy);
-            self.published();
-            return true;
+        if direct && *busy == 0 && len <= DIRECT_MAX && !self.bell.dead.load(Ordering::Acquire) {
+            let mut whole = header;
+            whole.msg_id = u64::MAX;
+            whole.msg_len = len as u64;
+            whole.offset = 0;
+            whole.frag_len = len as u32;
+            // A small data message as a short frame, kept inside one cache line of the
+            // ring (padding before it if it would straddle two): the reader then takes
+            // one line from this core's cache, not two or three.
+            let (short, full);
+            let (head, pad): (&[u8], usize) = match whole.encode_short() {
+                Some(b) => {
+                    short = b;
+                    let at = (self.ring.written() % LINE as u64) as usize;
+                    let fits = SHORT_LEN + len <= LINE && at + SHORT_LEN + len > LINE;
+                    (&short, if fits { LINE - at } else { 0 })
+                }
+                None => {
+                    full = whole.encode();
+                    (&full, 0)
+                }
+            };
+            let need = pad + head.len() + len;
+            if self.ring.room(need) >= need {
+                self.ring.push_parts(&[&[PAD; LINE][..pad], head, payload]);
+                drop(busy);
+                self.published();
+                return true;
+            }
         }
         *busy += 1;
         queue(header);
@@ -1179,8 +1275,7 @@ impl ShmOut {
 
     /// After bytes went into the ring: wakes the reader if it waits.
     fn published(&self) {
-        fence(Ordering::SeqCst);
-        if self.ring.u32_at(READER_WAITS).swap(0, Ordering::SeqCst) == 1 {
+        if wakes(self.ring.u32_at(READER_WAITS)) {
             self.bell.ring(DOORBELL_DATA);
         }
     }
@@ -1263,12 +1358,22 @@ pub(crate) fn split(
         bell,
         peer,
         links,
-        asm: Mutex::new(Assembler::new(peer)),
+        asm: Mutex::new(Assembler::for_ring(peer)),
         ended: AtomicBool::new(false),
         out: out.clone(),
         lender,
     });
     Split { inbox, writer: ShmWrite { out: out.clone(), spin }, out, doorbell: Box::pin(doorbell) }
+}
+
+/// After this side moved its counter: whether the other side marked itself waiting
+/// (`flag`) and must be woken, clearing the mark. The fence pairs with the one in
+/// [`wait_until`] (mark, fence, check the counter): at least one of the two sides sees
+/// the other's store. The flag is only read unless it is set, a plain load where a
+/// locked swap on every message cost more.
+fn wakes(flag: &AtomicU32) -> bool {
+    fence(Ordering::SeqCst);
+    flag.load(Ordering::Relaxed) == 1 && flag.swap(0, Ordering::SeqCst) == 1
 }
 
 /// Polls `ready` for up to `spin`, yielding to the executor between polls (so that
@@ -1556,7 +1661,7 @@ mod tests {
     #[tokio::test]
     async fn a_reader_that_finds_the_parser_busy_yields() {
         let (sp, _links) = looped().await;
-        sp.out.ring.push(&[0u8; 5]);
+        sp.out.ring.push(b"HCMF\x01");
         let held = sp.inbox.asm.lock();
         assert_eq!(poll_once(sp.inbox.clone()), Some(false), "the reader task must yield, not spin");
         drop(held);
