@@ -170,11 +170,17 @@ impl Ring {
         // SAFETY: the file is ours and the peer's only (0600, unlinked after setup);
         // its contents are touched only through atomics and raw copies below.
         let mut map = unsafe { MmapMut::map_mut(file)? };
-        if map.len() != DATA + cap {
+        if map.len() != DATA + cap || !cap.is_power_of_two() {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "ring file of the wrong size"));
         }
         let base = map.as_mut_ptr();
         Ok(Ring { _map: map, base, cap, tail_seen: AtomicU64::new(0) })
+    }
+
+    /// Where stream position `pos` lies in the data region (the capacity is a power of
+    /// two: a mask, where `%` would be a division on every copy in and out).
+    fn at(&self, pos: u64) -> usize {
+        (pos & (self.cap as u64 - 1)) as usize
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -240,7 +246,7 @@ impl Ring {
         let mut head = self.u64_at(HEAD).load(Ordering::Relaxed);
         for src in parts {
             let n = src.len();
-            let at = (head % self.cap as u64) as usize;
+            let at = self.at(head);
             let first = n.min(self.cap - at);
             // SAFETY: both pieces lie in the data region, in the part the reader has
             // released (the caller checked `writable`), and `src` is a separate
@@ -274,7 +280,7 @@ impl Ring {
     unsafe fn peek(&self, dst: *mut u8, len: usize) -> usize {
         let tail = self.u64_at(TAIL).load(Ordering::Relaxed);
         let n = self.readable().min(len);
-        let at = (tail % self.cap as u64) as usize;
+        let at = self.at(tail);
         let first = n.min(self.cap - at);
         // SAFETY: both pieces lie in the data region, in the part the writer has
         // published (`readable`); `dst` is valid for `len >= n` bytes (caller).
