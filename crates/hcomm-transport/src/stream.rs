@@ -576,7 +576,9 @@ impl StreamTransport {
         match &self.direct[peer] {
             Some(out) => {
                 let mut queued = Ok(None);
-                let direct = direct && header.kind == FrameKind::Data;
+                // Data messages, and the pull frames of messages lent out of the
+                // caller's buffer, which `send_borrowed` makes before it comes here.
+                let direct = direct && matches!(header.kind, FrameKind::Data | FrameKind::Pull);
                 out.send(header, payload, direct, |h, p| queued = self.queue(peer, h, p, want_done));
                 queued
             }
