@@ -415,19 +415,73 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         async move { fut?.await.map_err(|e| e.with_peer(to)) }
     }
 
+    /// Sends `data` to group rank `to` under `tag`, borrowing it until the message no
+    /// longer needs it: a transport that lends large messages to a peer on this host
+    /// sends it without a copy here ([`LocalTransport::send_borrowed`]); others copy
+    /// it at the call, as [`OpCtx::send`] of a [`payload`](OpCtx::payload) would.
+    pub fn send_slice<'a, E: Element>(
+        &'a self,
+        to: usize,
+        tag: u32,
+        data: &'a [E],
+    ) -> impl Future<Output = Result<()>> + 'a {
+        let bytes: &'a [u8] = bytemuck::cast_slice(data);
+        let me = self.g.world_rank(self.g.me);
+        let to = self.g.world_rank(to);
+        let fut = match self.g.aborted() {
+            Some(e) => Err(e),
+            None => {
+                let h = Header::data(me, self.g.comm, self.seq, tag, &self.sig, bytes.len());
+                self.moved.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                events::message(me as u32, to as u32, self.sig.op, true, bytes.len() as u64, Duration::ZERO);
+                Ok(self.g.transport.send_borrowed(to, h, bytes))
+            }
+        };
+        async move { fut?.await.map_err(|e| e.with_peer(to)) }
+    }
+
     /// Receives the payload group rank `from` sent under `tag`. The receive is posted
     /// when this method is called. Fails with a mismatch error if the sender's
     /// signature differs from ours.
     pub fn recv(&self, from: usize, tag: u32) -> impl Future<Output = Result<Bytes>> + '_ {
+        let frame = self.recv_frame(from, tag);
+        async move { Ok(frame.await?.into_local().map_err(|e| e.with_peer(from))?.payload) }
+    }
+
+    /// [`OpCtx::recv`] straight into `dst`, which must have the message's length: a
+    /// payload a shared-memory peer lent is copied out of its memory into `dst`, once.
+    /// Hands `dst` back, filled (so that a receive posted ahead can forward it).
+    pub fn recv_into<'a, E: Element>(
+        &'a self,
+        from: usize,
+        tag: u32,
+        dst: &'a mut [E],
+    ) -> impl Future<Output = Result<&'a mut [E]>> + 'a {
+        let frame = self.recv_frame(from, tag);
+        async move {
+            let f = frame.await?;
+            match &f.remote {
+                Some(r) if hcomm_core::RemotePayload::len(&**r) == std::mem::size_of_val(dst) => {
+                    r.read_into(bytemuck::cast_slice_mut(dst)).map_err(|e| e.with_peer(from))?;
+                }
+                _ => crate::elem::copy_in(dst, &f.into_local().map_err(|e| e.with_peer(from))?.payload)?,
+            }
+            Ok(dst)
+        }
+    }
+
+    /// The frame group rank `from` sent under `tag` (its payload may still be in the
+    /// sender's memory), its signature checked.
+    fn recv_frame(&self, from: usize, tag: u32) -> impl Future<Output = Result<hcomm_core::Frame>> + '_ {
         let src = self.g.world_rank(from);
         let key = MatchKey { src, comm: self.g.comm, seq: self.seq, tag };
-        let fut = self.g.transport.mailbox().recv(key);
+        let fut = self.g.transport.mailbox().recv_frame(key);
         *self.waiting.lock().entry(from).or_insert(0) += 1;
         let posted = events::Stopwatch::start();
         async move {
             // A failed receive leaves its entry: this rank is still waiting for `from`.
             let frame = fut.await?;
-            let len = frame.payload.len() as u64;
+            let len = frame.len() as u64;
             self.moved.fetch_add(len, Ordering::Relaxed);
             let me = self.g.world_rank(self.g.me) as u32;
             events::message(me, src as u32, self.sig.op, false, len, posted.elapsed());
@@ -448,7 +502,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
                 )
                 .with_peer(from));
             }
-            Ok(frame.payload)
+            Ok(frame)
         }
     }
 

@@ -3,7 +3,7 @@
 use futures::future::try_join_all;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
-use crate::{OpCtx, agreed, check_reduce_op, copy_in, counts_hash, offsets, reduce_in};
+use crate::{OpCtx, agreed, check_reduce_op, counts_hash, offsets, reduce_in};
 
 /// Piece size of the pipelined chain broadcast.
 pub const BCAST_CHAIN_CHUNK_BYTES: usize = 256 << 10;
@@ -73,17 +73,19 @@ pub(crate) async fn bcast_binomial<T: LocalTransport, E: Element>(
     let mut mask = 1;
     while mask < n {
         if vr & mask != 0 {
-            copy_in(buf, &ctx.recv(real(vr - mask), tag).await?)?;
+            ctx.recv_into(real(vr - mask), tag, buf).await?;
             break;
         }
         mask <<= 1;
     }
-    let payload = ctx.payload(buf);
+    // From here `buf` is only read: the children's messages are sent out of it (over
+    // shared memory, each child copies it straight from this rank's buffer).
+    let buf: &[E] = buf;
     let mut sends = Vec::new();
     mask >>= 1;
     while mask > 0 {
         if vr + mask < n {
-            sends.push(ctx.send(real(vr + mask), tag, payload.clone()));
+            sends.push(ctx.send_slice(real(vr + mask), tag, buf));
         }
         mask >>= 1;
     }
@@ -100,10 +102,10 @@ async fn bcast_scatter_allgather<T: LocalTransport, E: Element>(
     let counts: Vec<usize> = (0..n).map(|g| crate::bound(count, n, g + 1) - crate::bound(count, n, g)).collect();
     let off = offsets(&counts);
     if me == root {
-        try_join_all((0..n).filter(|&g| g != root).map(|g| ctx.send(g, 0, ctx.payload(&buf[off[g]..off[g + 1]]))))
-            .await?;
+        let whole: &[E] = buf;
+        try_join_all((0..n).filter(|&g| g != root).map(|g| ctx.send_slice(g, 0, &whole[off[g]..off[g + 1]]))).await?;
     } else {
-        copy_in(&mut buf[off[me]..off[me + 1]], &ctx.recv(root, 0).await?)?;
+        ctx.recv_into(root, 0, &mut buf[off[me]..off[me + 1]]).await?;
     }
     crate::exchange::ring_allgatherv_in(ctx, buf, &counts, 1).await
 }
@@ -120,17 +122,23 @@ async fn bcast_chain<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mu
         // from its predecessor (and checks its signature).
         pieces.push(&mut []);
     }
-    // Receives are posted up front; each piece is forwarded as soon as it arrives
-    // (sends are queued when called), so the pieces stream down the chain.
-    let recvs: Vec<_> = if vr > 0 { (0..pieces.len()).map(|k| ctx.recv(prev, k as u32)).collect() } else { Vec::new() };
-    let mut recvs = recvs.into_iter();
+    // Receives are posted up front, each into its piece; each piece is forwarded,
+    // out of this rank's buffer, as soon as it is in (sends are queued when called),
+    // so the pieces stream down the chain. Over shared memory a piece is copied once
+    // per hop, by the receiver, straight from the sender's buffer.
     let mut sends = Vec::new();
-    for (k, piece) in pieces.into_iter().enumerate() {
-        if let Some(r) = recvs.next() {
-            copy_in(piece, &r.await?)?;
+    let last = vr + 1 == n;
+    if vr == 0 {
+        for (k, piece) in pieces.into_iter().enumerate().filter(|_| !last) {
+            sends.push(ctx.send_slice(next, k as u32, &*piece));
         }
-        if vr + 1 < n {
-            sends.push(ctx.send(next, k as u32, ctx.payload(piece)));
+    } else {
+        let recvs: Vec<_> = pieces.into_iter().enumerate().map(|(k, p)| ctx.recv_into(prev, k as u32, p)).collect();
+        for (k, r) in recvs.into_iter().enumerate() {
+            let piece: &[E] = r.await?;
+            if !last {
+                sends.push(ctx.send_slice(next, k as u32, piece));
+            }
         }
     }
     try_join_all(sends).await?;
@@ -189,7 +197,7 @@ pub(crate) async fn reduce_binomial<T: LocalTransport, E: Element>(
                 reduce_in(op, acc, &ctx.recv(real(child), tag).await?)?;
             }
         } else {
-            return ctx.send(real(vr - mask), tag, ctx.payload(acc)).await;
+            return ctx.send_slice(real(vr - mask), tag, &*acc).await;
         }
         mask <<= 1;
     }
@@ -215,7 +223,7 @@ pub async fn gatherv<T: LocalTransport, E: Element>(
         check_root(root, n)?;
         check_counts(counts, n, send.len(), me)?;
         if me != root {
-            return ctx.send(root, 0, ctx.payload(send)).await;
+            return ctx.send_slice(root, 0, send).await;
         }
         let off = offsets(counts);
         if recv.len() != off[n] {
@@ -223,11 +231,8 @@ pub async fn gatherv<T: LocalTransport, E: Element>(
         }
         let mut blocks = split_blocks(recv, &off);
         blocks[me].copy_from_slice(send);
-        try_join_all(blocks.into_iter().enumerate().filter(|(g, _)| *g != me).map(|(g, blk)| {
-            let r = ctx.recv(g, 0);
-            async move { copy_in(blk, &r.await?) }
-        }))
-        .await?;
+        try_join_all(blocks.into_iter().enumerate().filter(|(g, _)| *g != me).map(|(g, blk)| ctx.recv_into(g, 0, blk)))
+            .await?;
         Ok(())
     };
     let r = ctx.deadline(agreed(&ctx, body)).await;
@@ -252,15 +257,14 @@ pub async fn scatterv<T: LocalTransport, E: Element>(
         check_root(root, n)?;
         check_counts(counts, n, recv.len(), me)?;
         if me != root {
-            return copy_in(recv, &ctx.recv(root, 0).await?);
+            return ctx.recv_into(root, 0, recv).await.map(drop);
         }
         let off = offsets(counts);
         if send.len() != off[n] {
             return Err(Error::invalid(format!("scatter send buffer holds {}, {} expected", send.len(), off[n])));
         }
         recv.copy_from_slice(&send[off[me]..off[me + 1]]);
-        try_join_all((0..n).filter(|&g| g != me).map(|g| ctx.send(g, 0, ctx.payload(&send[off[g]..off[g + 1]]))))
-            .await?;
+        try_join_all((0..n).filter(|&g| g != me).map(|g| ctx.send_slice(g, 0, &send[off[g]..off[g + 1]]))).await?;
         Ok(())
     };
     let r = ctx.deadline(agreed(&ctx, body)).await;
