@@ -879,10 +879,9 @@ async fn rabenseifner<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &m
             let partner = unfolded(v ^ mask, n);
             let mid = (lo + hi) / 2;
             let (keep, give) = if v & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
-            let payload = ctx.payload(&buf[blk(give.0)..blk(give.1)]);
             let incoming = ctx.recv(partner, step);
-            let dst = &mut buf[blk(keep.0)..blk(keep.1)];
-            try_join(ctx.send(partner, step, payload), async move { reduce_in(op, dst, &incoming.await?) }).await?;
+            let (src, dst) = read_write(buf, blk(give.0)..blk(give.1), blk(keep.0)..blk(keep.1));
+            try_join(ctx.send_slice(partner, step, src), async move { reduce_in(op, dst, &incoming.await?) }).await?;
             (lo, hi) = keep;
             mask >>= 1;
             step += 1;
@@ -896,10 +895,9 @@ async fn rabenseifner<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &m
             let partner = unfolded(v ^ mask, n);
             let width = hi - lo;
             let (theirs_lo, theirs_hi) = if v & mask == 0 { (hi, hi + width) } else { (lo - width, lo) };
-            let payload = ctx.payload(&buf[blk(lo)..blk(hi)]);
-            let incoming = ctx.recv(partner, step);
-            let dst = &mut buf[blk(theirs_lo)..blk(theirs_hi)];
-            try_join(ctx.send(partner, step, payload), async move { copy_in(dst, &incoming.await?) }).await?;
+            let (src, dst) = read_write(buf, blk(lo)..blk(hi), blk(theirs_lo)..blk(theirs_hi));
+            let incoming = ctx.recv_into(partner, step, dst);
+            try_join(ctx.send_slice(partner, step, src), incoming).await?;
             (lo, hi) = (lo.min(theirs_lo), hi.max(theirs_hi));
             mask <<= 1;
             step += 1;
@@ -987,14 +985,16 @@ async fn ring_column<T: LocalTransport, E: Element>(
     op: ReduceOp,
 ) -> Result<()> {
     let n = pieces.len();
+    // Each step sends one piece and receives into another, and awaits both: the piece
+    // sent goes out of the caller's buffer itself (over shared memory the neighbour
+    // copies it from there), and an allgather piece is received straight into place.
     // Reduce-scatter: after step s, the piece received is reduced over s + 2 ranks.
     for s in 0..n - 1 {
         let (send_seg, recv_seg) = ((pos + n - s) % n, (pos + 2 * n - s - 1) % n);
         let tag = col | ring_tag(s, 0);
-        let payload = ctx.payload(pieces[send_seg]);
         let recv = ctx.recv(left, tag);
-        let dst = &mut *pieces[recv_seg];
-        try_join(ctx.send(right, tag, payload), async move { reduce_in(op, dst, &recv.await?) }).await?;
+        let (src, dst) = send_and_recv(&mut pieces, send_seg, recv_seg);
+        try_join(ctx.send_slice(right, tag, src), async move { reduce_in(op, dst, &recv.await?) }).await?;
     }
     let own = (pos + 1) % n;
     if op == ReduceOp::Avg {
@@ -1004,12 +1004,37 @@ async fn ring_column<T: LocalTransport, E: Element>(
     for s in 0..n - 1 {
         let (send_seg, recv_seg) = ((pos + 1 + n - s) % n, (pos + n - s) % n);
         let tag = col | ring_tag(n - 1 + s, 0);
-        let payload = ctx.payload(pieces[send_seg]);
-        let recv = ctx.recv(left, tag);
-        let dst = &mut *pieces[recv_seg];
-        try_join(ctx.send(right, tag, payload), async move { copy_in(dst, &recv.await?) }).await?;
+        let (src, dst) = send_and_recv(&mut pieces, send_seg, recv_seg);
+        // Posted first, so that the neighbour's message finds it waiting.
+        let recv = ctx.recv_into(left, tag, dst);
+        try_join(ctx.send_slice(right, tag, src), recv).await?;
     }
     Ok(())
+}
+
+/// Ranges `read` and `write` of `buf`, which do not overlap: the first to read (a
+/// step's send), the second to write (its receive).
+fn read_write<E>(buf: &mut [E], read: std::ops::Range<usize>, write: std::ops::Range<usize>) -> (&[E], &mut [E]) {
+    if read.end <= write.start {
+        let (head, tail) = buf.split_at_mut(write.start);
+        (&head[read], &mut tail[..write.end - write.start])
+    } else {
+        assert!(write.end <= read.start, "a step sends and receives disjoint ranges");
+        let (head, tail) = buf.split_at_mut(read.start);
+        (&tail[..read.end - read.start], &mut head[write])
+    }
+}
+
+/// Pieces `send` (to read) and `recv` (to write) of `pieces`, which differ.
+fn send_and_recv<'p, E>(pieces: &'p mut [&mut [E]], send: usize, recv: usize) -> (&'p [E], &'p mut [E]) {
+    assert_ne!(send, recv, "a ring step sends and receives different pieces");
+    if send < recv {
+        let (head, tail) = pieces.split_at_mut(recv);
+        (&*head[send], &mut *tail[0])
+    } else {
+        let (head, tail) = pieces.split_at_mut(send);
+        (&*tail[0], &mut *head[recv])
+    }
 }
 
 #[cfg(test)]
