@@ -400,18 +400,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
 
     /// Sends `payload` to group rank `to` under `tag`.
     pub fn send(&self, to: usize, tag: u32, payload: Bytes) -> impl Future<Output = Result<()>> + use<'g, T> {
-        let me = self.g.world_rank(self.g.me);
-        let to = self.g.world_rank(to);
-        // A communicator aborted as a whole sends nothing more.
-        let fut = match self.g.aborted() {
-            Some(e) => Err(e),
-            None => {
-                let h = Header::data(me, self.g.comm, self.seq, tag, &self.sig, payload.len());
-                self.moved.fetch_add(payload.len() as u64, Ordering::Relaxed);
-                events::message(me as u32, to as u32, self.sig.op, true, payload.len() as u64, Duration::ZERO);
-                Ok(self.g.transport.send(to, h, payload))
-            }
-        };
+        let g = self.g;
+        let (to, fut) = self.start_send(to, tag, payload.len(), move |to, h| g.transport.send(to, h, payload));
         async move { fut?.await.map_err(|e| e.with_peer(to)) }
     }
 
@@ -426,18 +416,34 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         data: &'a [E],
     ) -> impl Future<Output = Result<()>> + 'a {
         let bytes: &'a [u8] = bytemuck::cast_slice(data);
+        let g = self.g;
+        let (to, fut) = self.start_send(to, tag, bytes.len(), move |to, h| g.transport.send_borrowed(to, h, bytes));
+        async move { fut?.await.map_err(|e| e.with_peer(to)) }
+    }
+
+    /// A send of `len` bytes to group rank `to` under `tag`, which `start` queues to the
+    /// world rank and under the header it is given (at the call; not at all if the
+    /// communicator was aborted as a whole). Returns the world rank and the send.
+    fn start_send<F>(
+        &self,
+        to: usize,
+        tag: u32,
+        len: usize,
+        start: impl FnOnce(usize, Header) -> F,
+    ) -> (usize, Result<F>) {
         let me = self.g.world_rank(self.g.me);
         let to = self.g.world_rank(to);
+        // A communicator aborted as a whole sends nothing more.
         let fut = match self.g.aborted() {
             Some(e) => Err(e),
             None => {
-                let h = Header::data(me, self.g.comm, self.seq, tag, &self.sig, bytes.len());
-                self.moved.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                events::message(me as u32, to as u32, self.sig.op, true, bytes.len() as u64, Duration::ZERO);
-                Ok(self.g.transport.send_borrowed(to, h, bytes))
+                let h = Header::data(me, self.g.comm, self.seq, tag, &self.sig, len);
+                self.moved.fetch_add(len as u64, Ordering::Relaxed);
+                events::message(me as u32, to as u32, self.sig.op, true, len as u64, Duration::ZERO);
+                Ok(start(to, h))
             }
         };
-        async move { fut?.await.map_err(|e| e.with_peer(to)) }
+        (to, fut)
     }
 
     /// Receives the payload group rank `from` sent under `tag`. The receive is posted

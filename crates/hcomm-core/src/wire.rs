@@ -159,6 +159,21 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// The operation kind, element type and operator of their codes (0: none, for the
+/// last two).
+fn codes(op: u8, dtype: u8, reduce: u8) -> Result<(OpKind, Option<DType>, Option<ReduceOp>), WireError> {
+    let op = OpKind::from_code(op).ok_or(WireError::BadOpKind(op))?;
+    let dtype = match dtype {
+        0 => None,
+        c => Some(DType::from_code(c).ok_or(WireError::BadDType(c))?),
+    };
+    let reduce = match reduce {
+        0 => None,
+        c => Some(ReduceOp::from_code(c).ok_or(WireError::BadReduceOp(c))?),
+    };
+    Ok((op, dtype, reduce))
+}
+
 impl Header {
     /// A single-fragment data header for an operation with signature `sig`.
     pub fn data(src: Rank, comm: u64, seq: u64, tag: u32, sig: &Signature, len: usize) -> Header {
@@ -269,15 +284,7 @@ impl Header {
         if b[0] != SHORT_MAGIC {
             return Err(WireError::BadMagic([b[0], b[1], b[2], b[3]]));
         }
-        let op = OpKind::from_code(b[1]).ok_or(WireError::BadOpKind(b[1]))?;
-        let dtype = match b[2] {
-            0 => None,
-            c => Some(DType::from_code(c).ok_or(WireError::BadDType(c))?),
-        };
-        let reduce = match b[3] {
-            0 => None,
-            c => Some(ReduceOp::from_code(c).ok_or(WireError::BadReduceOp(c))?),
-        };
+        let (op, dtype, reduce) = codes(b[1], b[2], b[3])?;
         if b[5] != 0 {
             return Err(WireError::Reserved);
         }
@@ -323,15 +330,7 @@ impl Header {
             return Err(WireError::BadVersion(b[4]));
         }
         let kind = FrameKind::from_code(b[5]).ok_or(WireError::BadFrameKind(b[5]))?;
-        let op = OpKind::from_code(b[6]).ok_or(WireError::BadOpKind(b[6]))?;
-        let dtype = match b[7] {
-            0 => None,
-            c => Some(DType::from_code(c).ok_or(WireError::BadDType(c))?),
-        };
-        let reduce = match b[8] {
-            0 => None,
-            c => Some(ReduceOp::from_code(c).ok_or(WireError::BadReduceOp(c))?),
-        };
+        let (op, dtype, reduce) = codes(b[6], b[7], b[8])?;
         if b[10] != 0 || b[11] != 0 || u32_at(b, 76) != 0 {
             return Err(WireError::Reserved);
         }
