@@ -1227,6 +1227,16 @@ impl ShmOut {
         }
     }
 
+    /// Drops loan `id` of the application's buffer, whose pull frame never went out
+    /// (the peer had failed): its slot is free again.
+    pub(crate) fn cancel(&self, id: u64) {
+        let mut lent = self.lent.lock();
+        if let Some(Loan::Borrowed(slot)) = lent.held.remove(&id) {
+            self.ring.slot(slot).0.store(SLOT_FREE, Ordering::Release);
+            lent.free.push(slot);
+        }
+    }
+
     /// The peer released the lent messages whose numbers `ids` lists; returns those
     /// whose sends wait for it.
     fn released(&self, ids: &[u8]) -> Result<Vec<u64>> {

@@ -718,7 +718,12 @@ impl Transport for StreamTransport {
         let mut loan = crate::shm::LentSend { out, id, data, released, done: false };
         let queued = self.enqueue(peer, pull, frame, false, true);
         Either::Right(async move {
-            queued?;
+            if let Err(e) = queued {
+                // The pull frame never left: nothing to revoke, only the loan to drop.
+                loan.out.cancel(loan.id);
+                loan.completed();
+                return Err(e);
+            }
             loan.released.as_mut().await?;
             loan.completed();
             Ok(())
