@@ -385,7 +385,12 @@ async fn measure<T: LocalTransport>(
         bytes: vec![7u8; bytes],
         owned: Bytes::from(vec![7u8; bytes]),
         window: match (op, comm.rank()) {
-            (Op::Bw, 1) => vec![vec![0u8; bytes]; a.window.min(WINDOW_BYTES / bytes.max(1)).max(1)],
+            // One zeroed allocation each, not clones of one buffer: a clone copies
+            // (and faults in) every page at once, up to 1 GiB here, which held this
+            // rank's current-thread runtime for over the peer timeout (0.6 s) at
+            // 4-8 MiB, so that rank 0 failed it as hung; zeroed allocations map
+            // pages only as the receives write them.
+            (Op::Bw, 1) => (0..a.window.min(WINDOW_BYTES / bytes.max(1)).max(1)).map(|_| vec![0u8; bytes]).collect(),
             _ => Vec::new(),
         },
     };
