@@ -87,9 +87,11 @@ pub trait LocalTransport {
     /// `data` may stay where it is until the peer has copied it: a transport that can
     /// let the peer read this process's memory (shared memory, by cross-memory attach)
     /// lends large messages without a copy on this side, and the future then
-    /// completes once the peer has them; the others copy `data` into a payload at the
-    /// call ([`payload_from`](LocalTransport::payload_from)). Either way the message
-    /// is queued when this method is called, in order with [`send`](LocalTransport::send).
+    /// completes once the peer has them; one whose connection's writer can send from
+    /// it (TCP) lends them to the writer, and the future completes once the kernel
+    /// has them; the others copy `data` into a payload at the call
+    /// ([`payload_from`](LocalTransport::payload_from)). Either way the message is
+    /// queued when this method is called, in order with [`send`](LocalTransport::send).
     ///
     /// # Errors
     /// As [`send`](LocalTransport::send).
@@ -97,9 +99,9 @@ pub trait LocalTransport {
     /// # Cancel safety
     /// The message is queued when this method is called and dropping the future does
     /// not withdraw it: a transport that lent `data` copies it when the future is
-    /// dropped (before the borrow ends), and the peer reads that copy if it has not
-    /// read `data` yet. A future that is leaked instead (`mem::forget`) before it
-    /// completes lets the peer read `data` as it is whenever it copies it.
+    /// dropped (before the borrow ends), and the peer (or the writer) reads that copy
+    /// if it has not read `data` yet. A future that is leaked instead (`mem::forget`)
+    /// before it completes lets them read `data` as it is whenever they copy it.
     fn send_borrowed(&self, peer: Rank, header: Header, data: &[u8]) -> impl Future<Output = Result<()>>;
 
     /// Queues a message to `peer` without waiting for anything: for control frames

@@ -5,12 +5,15 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use hcomm_core::pool::{self, PoolBuf};
 use hcomm_core::wire::{HEADER_LEN, Header, PAD, SHORT_LEN, SHORT_MAGIC, SHORT_MAX, WireError};
 use hcomm_core::{Error, ErrorKind, Frame, Result};
 use tokio::sync::oneshot;
+
+use crate::loan::Loan;
 
 /// Fragments up to this size are copied into the write batch; larger ones are written
 /// from the caller's buffer directly.
@@ -36,13 +39,37 @@ const DIRECT_MIN: usize = 32 << 10;
 pub(crate) struct Outgoing {
     pub header: Header,
     pub payload: Bytes,
+    /// The message is lent out of the sender's memory instead ([`Loan`]; `payload`
+    /// is then empty).
+    pub lent: Option<Arc<Loan>>,
     pub done: Option<oneshot::Sender<Result<()>>>,
+}
+
+impl Outgoing {
+    /// A message whose payload is here.
+    pub(crate) fn new(header: Header, payload: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Outgoing {
+        Outgoing { header, payload, lent: None, done }
+    }
+
+    fn len(&self) -> usize {
+        self.lent.as_ref().map_or(self.payload.len(), |l| l.len())
+    }
+}
+
+/// A fragment too large to copy into the write batch, written right after it.
+#[derive(Debug)]
+pub(crate) enum Big {
+    Bytes(Bytes),
+    /// Bytes `range` of a lent message, written from the sender's memory.
+    Lent(Arc<Loan>, std::ops::Range<usize>),
 }
 
 #[derive(Debug)]
 struct Active {
     header: Header,
     payload: Bytes,
+    lent: Option<Arc<Loan>>,
+    len: usize,
     offset: usize,
     done: Option<oneshot::Sender<Result<()>>>,
 }
@@ -100,36 +127,45 @@ impl WriteQueue {
             }
             let o = self.pending.remove(i).expect("index is in range");
             let mut header = o.header;
+            let len = o.len();
             header.msg_id = self.next_msg_id;
-            header.msg_len = o.payload.len() as u64;
+            header.msg_len = len as u64;
             self.next_msg_id = self.next_msg_id.wrapping_add(1);
-            self.active.push_back(Active { header, payload: o.payload, offset: 0, done: o.done });
+            self.active.push_back(Active { header, payload: o.payload, lent: o.lent, len, offset: 0, done: o.done });
         }
     }
 
     /// Appends encoded fragments to `batch` until the batch is full, the queue is
-    /// empty, or a fragment too large to copy comes up: then its header ends the batch
-    /// and its payload is returned, to be written right after the batch.
-    pub fn fill(&mut self, batch: &mut BytesMut) -> Option<Bytes> {
+    /// empty, or a fragment too large to copy comes up (or one of a lent message,
+    /// whatever its size): then its header ends the batch and its payload is
+    /// returned, to be written right after the batch.
+    pub fn fill(&mut self, batch: &mut BytesMut) -> Option<Big> {
         loop {
             self.activate();
             let mut a = self.active.pop_front()?;
-            let n = (a.payload.len() - a.offset).min(self.fragment);
+            let n = (a.len - a.offset).min(self.fragment);
             let mut h = a.header;
             h.offset = a.offset as u64;
             h.frag_len = n as u32;
             batch.extend_from_slice(&h.encode());
-            let frag = a.payload.slice(a.offset..a.offset + n);
+            let range = a.offset..a.offset + n;
+            // A lent message's fragments are never copied here: only the writer's
+            // system call reads the sender's memory (see `crate::loan`).
+            let frag = match &a.lent {
+                Some(loan) => Big::Lent(loan.clone(), range.clone()),
+                None => Big::Bytes(a.payload.slice(range)),
+            };
             a.offset += n;
-            if a.offset == a.payload.len() {
+            if a.offset == a.len {
                 self.completed += 1;
                 self.finished.extend(a.done.take());
             } else {
                 self.active.push_back(a);
             }
-            if n > COPY_LIMIT {
-                return Some(frag);
-            }
+            let frag = match frag {
+                Big::Bytes(b) if n <= COPY_LIMIT => b,
+                big => return Some(big),
+            };
             batch.extend_from_slice(&frag);
             if batch.len() >= BATCH_LIMIT {
                 return None;
@@ -413,7 +449,7 @@ mod tests {
 
     fn msg(tag: u32, len: usize, fill: u8) -> Outgoing {
         let h = Header::data(1, 0, 0, tag, &Signature::bare(OpKind::Send, len as u64), len);
-        Outgoing { header: h, payload: Bytes::from(vec![fill; len]), done: None }
+        Outgoing::new(h, Bytes::from(vec![fill; len]), None)
     }
 
     /// The bytes a queue writes for `msgs`.
@@ -426,8 +462,10 @@ mod tests {
             let big = q.fill(&mut batch);
             wire.extend_from_slice(&batch);
             batch.clear();
-            if let Some(b) = big {
-                wire.extend_from_slice(&b);
+            match big {
+                Some(Big::Bytes(b)) => wire.extend_from_slice(&b),
+                Some(Big::Lent(loan, range)) => wire.extend_from_slice(&loan.copy(range)),
+                None => {}
             }
             q.written();
         }

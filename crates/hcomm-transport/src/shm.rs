@@ -637,7 +637,7 @@ impl Releaser {
         let payload = Bytes::copy_from_slice(&id.to_le_bytes());
         self.out.send(header, payload, true, |header, payload| {
             if let Some(q) = self.queue.upgrade() {
-                let _ = q.send(Outgoing { header, payload, done: None });
+                let _ = q.send(Outgoing::new(header, payload, None));
             }
         });
     }

@@ -31,7 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 use crate::bundle::{self, Bundle, BundleStats, BundleWriter};
-use crate::framing::{Assembler, Outgoing, WriteQueue};
+use crate::framing::{Assembler, Big, Outgoing, WriteQueue};
+use crate::loan::{Lender, Loan};
 use crate::shm::{ShmOptions, ShmPair};
 
 /// Tuning of the stream transports.
@@ -67,7 +68,18 @@ pub struct StreamOptions {
     /// segments move to the other links (the limit also grows with the measured round
     /// trip; see [`crate::bundle`]).
     pub link_stall: Duration,
+    /// Messages of this many bytes and more that [`Transport::send_borrowed`] sends to
+    /// a peer over a plain tokio TCP connection are lent, not copied: the writer task
+    /// sends them straight from the caller's memory, and the send future completes
+    /// once the kernel has all of it ([`crate::loan`]). Zero: always copied at the
+    /// call. Not used by io_uring (whose kernel reads a buffer after the submitting
+    /// future may be gone), TLS, several connections per peer, or shared memory
+    /// (which lends by its own means, [`ShmOptions::pull_min`]).
+    pub tcp_lend: usize,
 }
+
+/// Default of [`StreamOptions::tcp_lend`] (`HCOMM_TCP_LEND`).
+pub const DEFAULT_TCP_LEND: usize = 64 << 10;
 
 /// Default of [`StreamOptions::link_stall`] (`HCOMM_LINK_STALL_US`).
 pub const DEFAULT_LINK_STALL: Duration = Duration::from_millis(40);
@@ -101,6 +113,7 @@ impl Default for StreamOptions {
             shm: ShmOptions::default(),
             tcp_spin: DEFAULT_TCP_SPIN,
             link_stall: DEFAULT_LINK_STALL,
+            tcp_lend: DEFAULT_TCP_LEND,
         }
     }
 }
@@ -307,6 +320,11 @@ pub struct StreamTransport {
     /// The peers reached over shared memory: small sends write into the ring
     /// themselves when its writer task is idle.
     direct: Vec<Option<Arc<crate::shm::ShmOut>>>,
+    /// Per peer, the least message [`Transport::send_borrowed`] lends to its writer
+    /// (`usize::MAX`: none; see [`StreamOptions::tcp_lend`]).
+    lend_min: Vec<usize>,
+    /// Messages lent to TCP writers, and those of them revoked by a dropped future.
+    loans: (AtomicU64, Arc<AtomicU64>),
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -403,6 +421,8 @@ impl StreamTransport {
             bundles: vec![None; size],
             encrypted: vec![false; size],
             direct: vec![None; size],
+            lend_min: vec![usize::MAX; size],
+            loans: (AtomicU64::new(0), Arc::new(AtomicU64::new(0))),
         };
         (t, rxs)
     }
@@ -429,6 +449,9 @@ impl StreamTransport {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
             let tasks = match link {
                 PeerLink::Tcp(s) => {
+                    if opts.tcp_lend > 0 {
+                        t.lend_min[peer] = opts.tcp_lend;
+                    }
                     let (rd, wr) = s.into_split();
                     let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin };
                     let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
@@ -595,20 +618,28 @@ impl StreamTransport {
         payload: Bytes,
         want_done: bool,
     ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
+        self.queue_outgoing(peer, Outgoing::new(header, payload, None), want_done)
+    }
+
+    /// [`queue`](Self::queue) for a message already made up (a lent one, say).
+    fn queue_outgoing(
+        &self,
+        peer: Rank,
+        mut message: Outgoing,
+        want_done: bool,
+    ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
         let closed = || {
             self.mailbox
                 .peer_failure(peer)
                 .unwrap_or_else(|| Error::new(ErrorKind::Closed, "transport closed").at_rank(self.rank).with_peer(peer))
         };
         let link = self.links.get(peer).and_then(Option::as_ref).ok_or_else(closed)?;
-        let (done, rx) = match want_done {
-            true => {
-                let (tx, rx) = oneshot::channel();
-                (Some(tx), Some(rx))
-            }
-            false => (None, None),
-        };
-        link.send(Outgoing { header, payload, done }).map_err(|_| closed())?;
+        let rx = want_done.then(|| {
+            let (tx, rx) = oneshot::channel();
+            message.done = Some(tx);
+            rx
+        });
+        link.send(message).map_err(|_| closed())?;
         Ok(rx)
     }
 
@@ -665,33 +696,14 @@ impl StreamTransport {
         };
         self.mailbox.set_progress(hcomm_core::mailbox::Progress { link: Box::new(link), spin: opts.shm.poll });
     }
-}
-
-impl Transport for StreamTransport {
-    fn rank(&self) -> Rank {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn mailbox(&self) -> &Arc<Mailbox> {
-        &self.mailbox
-    }
-
-    fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>> + Send {
-        self.handed_over(peer, self.enqueue(peer, header, payload, true, true))
-    }
-
-    /// To a shared-memory peer that can read this process, a large message is lent
-    /// out of `data` itself ([`crate::shm`]): the future completes when the peer has
-    /// copied it, and revokes the loan (copying `data`) if it ends otherwise.
-    fn send_borrowed(&self, peer: Rank, mut header: Header, data: &[u8]) -> impl Future<Output = Result<()>> + Send {
+    /// [`Transport::send_borrowed`] to a peer whose connection does not take loans
+    /// of its own: lent through shared memory, or copied.
+    fn send_borrowed_shm_or_copy<'s, 'd>(
+        &'s self,
+        peer: Rank,
+        mut header: Header,
+        data: &'d [u8],
+    ) -> impl Future<Output = Result<()>> + Send + use<'s, 'd> {
         use futures::future::Either;
         header.src = self.rank as u32;
         let out = self.direct.get(peer).and_then(Option::as_ref);
@@ -728,6 +740,75 @@ impl Transport for StreamTransport {
             loan.completed();
             Ok(())
         })
+    }
+
+    /// [`Transport::send_borrowed`] over a plain tokio TCP connection: the message is
+    /// queued as a [`Loan`] of `data`, which the writer sends from; the future
+    /// revokes it (copying `data`) if dropped before the writer has sent it all.
+    fn lend_tcp<'s, 'd>(
+        &'s self,
+        peer: Rank,
+        mut header: Header,
+        data: &'d [u8],
+    ) -> impl Future<Output = Result<()>> + Send + use<'s, 'd> {
+        header.src = self.rank as u32;
+        let loan = Arc::new(Loan::new(data));
+        let queued = match self.mailbox.peer_failure(peer) {
+            Some(e) => Err(e),
+            None => self.queue_outgoing(
+                peer,
+                Outgoing { header, payload: Bytes::new(), lent: Some(loan.clone()), done: None },
+                true,
+            ),
+        };
+        // Nothing queued: nothing lent, nothing to revoke.
+        let mut lender = Lender { loan, data, done: queued.is_err(), revoked: self.loans.1.clone() };
+        if queued.is_ok() {
+            self.loans.0.fetch_add(1, Ordering::Relaxed);
+        }
+        let handed = self.handed_over(peer, queued);
+        async move {
+            let r = handed.await;
+            // Written (or failed, or the writer gone): the writer no longer reads it.
+            lender.finish();
+            r
+        }
+    }
+}
+
+impl Transport for StreamTransport {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.mailbox
+    }
+
+    fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>> + Send {
+        self.handed_over(peer, self.enqueue(peer, header, payload, true, true))
+    }
+
+    /// To a shared-memory peer that can read this process, a large message is lent
+    /// out of `data` itself ([`crate::shm`]): the future completes when the peer has
+    /// copied it, and revokes the loan (copying `data`) if it ends otherwise. Over a
+    /// plain tokio TCP connection, a large message is lent to the connection's writer
+    /// ([`crate::loan`]): the future completes when the kernel has all of it, and
+    /// revokes the loan if it ends otherwise.
+    fn send_borrowed(&self, peer: Rank, header: Header, data: &[u8]) -> impl Future<Output = Result<()>> + Send {
+        use futures::future::Either;
+        match self.lend_min.get(peer) {
+            Some(&min) if data.len() >= min => Either::Left(self.lend_tcp(peer, header, data)),
+            _ => Either::Right(self.send_borrowed_shm_or_copy(peer, header, data)),
+        }
     }
 
     fn post(&self, peer: Rank, header: Header, payload: Bytes) {
@@ -800,6 +881,13 @@ impl StreamTransport {
         self.bundles[peer] = Some(b.clone());
         self.shared.bundles.lock()[peer] = Some(Arc::downgrade(&b));
         b
+    }
+
+    /// How many messages [`Transport::send_borrowed`] lent to TCP writers
+    /// ([`StreamOptions::tcp_lend`]), and how many of those were revoked (copied)
+    /// because their future was dropped before the writer had sent them.
+    pub fn tcp_loans(&self) -> (u64, u64) {
+        (self.loans.0.load(Ordering::Relaxed), self.loans.1.load(Ordering::Relaxed))
     }
 
     /// Whether the connection to `peer` is encrypted (TLS, `HCOMM_TLS=1`).
@@ -877,6 +965,12 @@ pub(crate) trait ReadLink {
 pub(crate) trait WriteLink {
     /// Writes all of `batch`, then all of `big`; hands `batch` back.
     async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut);
+    /// Writes bytes `range` of a lent message. Only plain tokio TCP connections are
+    /// given lent messages and write them from the sender's memory; this default, for
+    /// the others, writes a copy.
+    async fn write_lent(&mut self, loan: &Loan, range: std::ops::Range<usize>) -> std::io::Result<()> {
+        self.write(BytesMut::new(), Some(loan.copy(range))).await.0
+    }
     /// Ends the sending direction.
     async fn finish(&mut self);
     /// `messages` queued messages were written completely (by the last `write`).
@@ -937,18 +1031,11 @@ async fn write_loop<L: WriteLink>(
                     // Idle for a heartbeat period: tell the peer this rank is alive.
                     Err(_) => Some({
                         link.heartbeat();
-                        Outgoing {
-                            header: Header::control(
-                                FrameKind::Heartbeat,
-                                OpKind::Bootstrap,
-                                links.mailbox.rank(),
-                                0,
-                                0,
-                                0,
-                            ),
-                            payload: Bytes::new(),
-                            done: None,
-                        }
+                        Outgoing::new(
+                            Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, links.mailbox.rank(), 0, 0, 0),
+                            Bytes::new(),
+                            None,
+                        )
                     }),
                 },
             };
@@ -961,8 +1048,14 @@ async fn write_loop<L: WriteLink>(
                 closing = gather(&mut q, o, &mut rx);
             }
         }
-        let big = q.fill(&mut batch);
-        let (res, b) = link.write(batch, big).await;
+        let (res, b) = match q.fill(&mut batch) {
+            Some(Big::Lent(loan, range)) => match link.write(batch, None).await {
+                (Ok(()), b) => (link.write_lent(&loan, range).await, b),
+                failed => failed,
+            },
+            Some(Big::Bytes(big)) => link.write(batch, Some(big)).await,
+            None => link.write(batch, None).await,
+        };
         batch = b;
         batch.clear();
         if let Err(e) = res {
@@ -1028,6 +1121,22 @@ mod tokio_io {
                 res = self.write_all(&b).await;
             }
             (res, batch)
+        }
+        /// Straight from the sender's memory ([`Loan::send_to`]), one `send(2)` per
+        /// readiness of the socket.
+        async fn write_lent(&mut self, loan: &Loan, mut range: std::ops::Range<usize>) -> std::io::Result<()> {
+            use std::os::fd::AsRawFd;
+            let stream: &tokio::net::TcpStream = self.as_ref();
+            let fd = stream.as_raw_fd();
+            while !range.is_empty() {
+                stream.writable().await?;
+                match stream.try_io(tokio::io::Interest::WRITABLE, || loan.send_to(fd, range.clone())) {
+                    Ok(n) => range.start += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
         }
         async fn finish(&mut self) {
             let _ = self.shutdown().await;

@@ -233,6 +233,9 @@ impl Config {
         if let Some(min) = size_var("HCOMM_SHM_CMA")? {
             c.stream.shm.pull_min = min;
         }
+        if let Some(min) = size_var("HCOMM_TCP_LEND")? {
+            c.stream.tcp_lend = min;
+        }
         if let Some(spin) = micros_var("HCOMM_SHM_SPIN_US")? {
             c.stream.shm.spin = spin;
             c.auto_spin = false;

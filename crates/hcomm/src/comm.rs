@@ -561,8 +561,11 @@ impl<T: LocalTransport> Communicator<T> {
     /// arrive in the order of the calls. Over shared memory a large message (from
     /// `HCOMM_SHM_CMA` bytes, 64 KiB by default) is not copied here at all: the
     /// receiving process copies it straight out of `data`, and the future completes
-    /// once it has; otherwise `data` is copied at the call and the future completes
-    /// once the message is handed to the transport.
+    /// once it has. Over a plain TCP connection (tokio) a large message (from
+    /// `HCOMM_TCP_LEND` bytes, 64 KiB by default) is not copied either: the
+    /// connection's writer sends it straight out of `data`, and the future completes
+    /// once the kernel has all of it. Otherwise `data` is copied at the call and the
+    /// future completes once the message is handed to the transport.
     ///
     /// # Errors
     /// An invalid-argument error for `dst` out of range; a peer-failed error if the
@@ -571,9 +574,9 @@ impl<T: LocalTransport> Communicator<T> {
     ///
     /// # Cancel safety
     /// The message is queued when this method is called; dropping the future does not
-    /// withdraw it (a message the peer was to copy out of `data` is copied then, for
-    /// the peer to read instead). Leaking the future with `mem::forget` before it
-    /// completes lets a peer that copies out of `data` read it as it is by then.
+    /// withdraw it (a message the peer or the writer was to copy out of `data` is
+    /// copied then, and the rest of it goes from that copy). Leaking the future with
+    /// `mem::forget` before it completes lets them read `data` as it is by then.
     pub fn send<'a, E: Element>(
         &'a self,
         dst: usize,

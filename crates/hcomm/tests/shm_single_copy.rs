@@ -7,22 +7,13 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::{random_bytes, send_and_receive, typed_and_refused};
 use hcomm::{Bytes, Communicator, StreamTransport};
 
 /// `HCOMM_SHM_CMA`'s default: messages of this size and more are lent.
 const LEND_MIN: usize = 64 << 10;
-
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 fn stats(c: &Communicator<StreamTransport>, peer: usize) -> (hcomm::ShmStats, usize) {
     c.transport().shm_stats(peer).expect("the ranks are linked by shared memory")
@@ -51,42 +42,12 @@ async fn every_send_against_every_receive_across_the_threshold() {
         for recv_kind in 0..3 {
             for owned in [false, true] {
                 tag += 1;
-                let send = async {
-                    if owned {
-                        a.send_bytes(1, tag, Bytes::from(data.clone())).await
-                    } else {
-                        a.send(1, tag, &data).await
-                    }
-                };
-                let recv = async {
-                    match recv_kind {
-                        0 => {
-                            let mut buf = vec![0u8; len];
-                            b.recv_into(0, tag, &mut buf).await.map(|()| buf)
-                        }
-                        1 => b.recv::<u8>(0, tag).await,
-                        _ => b.recv_bytes(0, tag).await.map(|x| x.to_vec()),
-                    }
-                };
-                let (s, r) = futures::join!(send, recv);
-                s.unwrap_or_else(|e| panic!("{len} B, receive kind {recv_kind}, owned {owned}: {e}"));
-                let got = r.unwrap_or_else(|e| panic!("{len} B, receive kind {recv_kind}, owned {owned}: {e}"));
-                assert!(got == data, "{len} B, receive kind {recv_kind}, owned {owned}: wrong bytes");
+                send_and_receive(a, b, tag, &data, owned, recv_kind).await;
             }
         }
     }
-    // Typed messages too: f32 in, the same count out.
-    let floats: Vec<f32> = (0..300_007).map(|k| k as f32 * 0.25 - 7.0).collect();
-    let mut out = vec![0f32; floats.len()];
-    let (s, r) = futures::join!(a.send(1, 999, &floats), b.recv_into(0, 999, &mut out));
-    s.unwrap();
-    r.unwrap();
-    assert_eq!(out, floats);
-    // A lent message of another length or element type is refused like any other.
-    let mut short = vec![0f32; floats.len() - 1];
-    let (s, r) = futures::join!(a.send(1, 1000, &floats), b.recv_into(0, 1000, &mut short));
-    s.unwrap();
-    assert!(r.unwrap_err().is_mismatch());
+    // Typed: f32 in, the same count out; another length is refused as a mismatch.
+    typed_and_refused(a, b).await;
 
     let large = sizes.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
     released(a, 1).await;

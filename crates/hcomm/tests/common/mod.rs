@@ -326,3 +326,63 @@ pub async fn in_flight<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>]
 }
 
 pub mod colls;
+
+/// `len` pseudo-random bytes from `seed` (xorshift; cheap enough for tens of MiB).
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Rank 0 of `a` sends `data` to rank 1 (`b`) under `tag`, as a slice or, if `owned`,
+/// as `Bytes`; `b` receives it with `recv_into` (`recv_kind` 0), `recv` (1) or
+/// `recv_bytes` (2); panics unless it arrives whole.
+pub async fn send_and_receive<T: LocalTransport>(
+    a: &Communicator<T>,
+    b: &Communicator<T>,
+    tag: u32,
+    data: &[u8],
+    owned: bool,
+    recv_kind: u8,
+) {
+    let len = data.len();
+    let send = async {
+        if owned { a.send_bytes(1, tag, hcomm::Bytes::copy_from_slice(data)).await } else { a.send(1, tag, data).await }
+    };
+    let recv = async {
+        match recv_kind {
+            0 => {
+                let mut buf = vec![0u8; len];
+                b.recv_into(0, tag, &mut buf).await.map(|()| buf)
+            }
+            1 => b.recv::<u8>(0, tag).await,
+            _ => b.recv_bytes(0, tag).await.map(|x| x.to_vec()),
+        }
+    };
+    let (s, r) = futures::join!(send, recv);
+    s.unwrap_or_else(|e| panic!("{len} B, receive kind {recv_kind}, owned {owned}: {e}"));
+    let got = r.unwrap_or_else(|e| panic!("{len} B, receive kind {recv_kind}, owned {owned}: {e}"));
+    assert!(got == data, "{len} B, receive kind {recv_kind}, owned {owned}: wrong bytes");
+}
+
+/// Rank 0 of `a` sends 300 007 `f32` to rank 1 (`b`) twice, under tags 999 and 1000:
+/// the first arrives whole through `recv_into`, the second, received into a buffer
+/// one element short, is refused as a mismatch.
+pub async fn typed_and_refused<T: LocalTransport>(a: &Communicator<T>, b: &Communicator<T>) {
+    let floats: Vec<f32> = (0..300_007).map(|k| k as f32 * 0.25 - 7.0).collect();
+    let mut out = vec![0f32; floats.len()];
+    let (s, r) = futures::join!(a.send(1, 999, &floats), b.recv_into(0, 999, &mut out));
+    s.unwrap();
+    r.unwrap();
+    assert_eq!(out, floats);
+    let mut short = vec![0f32; floats.len() - 1];
+    let (s, r) = futures::join!(a.send(1, 1000, &floats), b.recv_into(0, 1000, &mut short));
+    s.unwrap();
+    assert!(r.unwrap_err().is_mismatch());
+}

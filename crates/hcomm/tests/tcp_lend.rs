@@ -1,0 +1,130 @@
+//! Sends lent to the TCP writer (`StreamOptions::tcp_lend`, `HCOMM_TCP_LEND`): a
+//! `send` of a slice of 64 KiB or more over a plain TCP connection is written straight
+//! from the caller's memory instead of a copy made at the call. Every way of receiving
+//! on both sides of the threshold; lent and copied messages under one tag in flight
+//! together; a send dropped before or while the writer sends it, its buffer reused at
+//! once. Ranks are tasks of this process, linked by loopback TCP.
+
+use std::time::Duration;
+
+mod common;
+
+use common::{random_bytes, send_and_receive, typed_and_refused};
+use hcomm::{Bytes, Communicator, StreamTransport};
+
+/// `HCOMM_TCP_LEND`'s default.
+const LEND_MIN: usize = 64 << 10;
+
+fn loans(c: &Communicator<StreamTransport>) -> (u64, u64) {
+    c.transport().tcp_loans()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_receive_of_lent_sends_across_the_threshold() {
+    let comms = hcomm::local_tcp(2).await.unwrap();
+    let (a, b) = (&comms[0], &comms[1]);
+    assert_eq!(a.transport_name(), "tcp");
+    // Beyond one fragment (512 KiB) and not a multiple of it, too.
+    let sizes = [0, 1, 4099, LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 1_048_583, 3_000_017];
+    let mut tag = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = random_bytes(len, i as u64);
+        for recv_kind in 0..3 {
+            tag += 1;
+            send_and_receive(a, b, tag, &data, false, recv_kind).await;
+        }
+    }
+    // Typed: f32 in, the same count out; another length is refused as a mismatch.
+    typed_and_refused(a, b).await;
+    // Three receive kinds per large size, and the two f32 sends: all lent, none revoked.
+    let large = sizes.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
+    assert_eq!(loans(a), (3 * large + 2, 0));
+    assert_eq!(loans(b), (0, 0));
+}
+
+/// Lent and copied messages under one tag, all queued before any is awaited: they
+/// arrive in the order of the calls, each whole, and a send of owned bytes is never
+/// lent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lent_and_copied_messages_under_one_tag_keep_their_order() {
+    let comms = hcomm::local_tcp(2).await.unwrap();
+    let (a, b) = (&comms[0], &comms[1]);
+    let lens = [2_000_003, 10, LEND_MIN, 70_001, 3, 1_500_000, LEND_MIN - 1, 600_000];
+    let msgs: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &l)| random_bytes(l, 100 + i as u64)).collect();
+    let sends: Vec<_> = msgs.iter().map(|m| a.send(1, 5, m)).collect();
+    let owned = a.send_bytes(1, 5, Bytes::from(msgs[0].clone()));
+    let recvs = async {
+        let mut got = Vec::new();
+        for _ in 0..=msgs.len() {
+            got.push(b.recv::<u8>(0, 5).await?);
+        }
+        hcomm::Result::<Vec<Vec<u8>>>::Ok(got)
+    };
+    let (s, o, r) = futures::join!(futures::future::try_join_all(sends), owned, recvs);
+    s.unwrap();
+    o.unwrap();
+    let got = r.unwrap();
+    for (i, m) in msgs.iter().chain([&msgs[0]]).enumerate() {
+        assert!(&got[i] == m, "message {i} ({} B) out of order or corrupted", m.len());
+    }
+    let lent = lens.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
+    assert_eq!(loans(a), (lent, 0));
+}
+
+/// A send future dropped before the writer ran: the loan is revoked (the buffer
+/// copied), so the receiver gets what the buffer held at the call although it is
+/// overwritten right after the drop. Without the revocation the writer would send the
+/// overwritten bytes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_send_dropped_before_the_writer_ran_delivers_what_its_buffer_held() {
+    let mut comms = hcomm::local_tcp(2).await.unwrap();
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(20)));
+    for (i, len) in [LEND_MIN, 1_048_583, 5_000_011].into_iter().enumerate() {
+        let mut buf = random_bytes(len, 40 + i as u64);
+        let original = buf.clone();
+        // Queued (lent out of `buf`) at the call; dropped before any task ran.
+        drop(comms[0].send(1, 3, &buf));
+        buf.fill(0xEE);
+        let mut out = vec![0u8; len];
+        comms[1].recv_into(0, 3, &mut out).await.unwrap();
+        assert!(out == original, "{len} B: the receiver got the reused buffer");
+    }
+    assert_eq!(loans(&comms[0]), (3, 3));
+}
+
+/// The same while the writer is sending: a message of 64 MiB, dropped once the writer
+/// has begun (the receiver reads nothing yet, so the kernel's buffers fill and the
+/// writer waits mid-message), then the buffer overwritten. Whatever the writer had
+/// sent from the buffer and whatever it sends from the copy, the message is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_dropped_while_the_writer_sends_delivers_what_its_buffer_held() {
+    let mut comms = hcomm::local_tcp(2).await.unwrap();
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
+    let len = 64 << 20;
+    let mut buf = random_bytes(len, 77);
+    let original = buf.clone();
+    {
+        let send = comms[0].send(1, 4, &buf);
+        let mut send = std::pin::pin!(send);
+        // Let the writer start; the send cannot be complete yet (64 MiB at a few GB/s).
+        let polled = tokio::time::timeout(Duration::from_millis(3), send.as_mut()).await;
+        assert!(polled.is_err(), "a 64 MiB send completed within 3 ms");
+    }
+    buf.fill(0xEE);
+    let mut out = vec![0u8; len];
+    comms[1].recv_into(0, 4, &mut out).await.unwrap();
+    assert!(out == original, "the receiver got bytes of the reused buffer");
+    assert_eq!(loans(&comms[0]), (1, 1));
+}
+
+/// `HCOMM_TCP_LEND=0` (here `Config::stream.tcp_lend`) turns loans off: the same
+/// sends are copied at the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loans_can_be_turned_off() {
+    let comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_lend = 0).await.unwrap();
+    let data = random_bytes(1 << 20, 5);
+    let (s, r) = futures::join!(comms[0].send(1, 1, &data), comms[1].recv::<u8>(0, 1));
+    s.unwrap();
+    assert!(r.unwrap() == data);
+    assert_eq!(loans(&comms[0]), (0, 0));
+}
