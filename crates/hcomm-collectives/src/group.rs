@@ -463,30 +463,53 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         tag: u32,
         dst: &'a mut [E],
     ) -> impl Future<Output = Result<&'a mut [E]>> + 'a {
-        let frame = self.recv_frame(from, tag);
+        let mailbox = self.g.transport.mailbox().clone();
+        let bytes: &'a mut [u8] = bytemuck::cast_slice_mut(dst);
+        let frame = self.recv_frame_via(from, tag, move |key| mailbox.recv_frame_into(key, bytes), |(f, _)| f);
         async move {
-            let f = frame.await?;
+            let (f, bytes) = frame.await?;
             match &f.remote {
-                Some(r) if hcomm_core::RemotePayload::len(&**r) == std::mem::size_of_val(dst) => {
-                    r.read_into(bytemuck::cast_slice_mut(dst)).map_err(|e| e.with_peer(from))?;
+                // Lent by a shared-memory peer (copied out of its memory), or landed in
+                // `dst` over TCP (what was read elsewhere copied in).
+                Some(r) if hcomm_core::RemotePayload::len(&**r) == bytes.len() => {
+                    r.read_into(bytes).map_err(|e| e.with_peer(from))?;
                 }
-                _ => crate::elem::copy_in(dst, &f.into_local().map_err(|e| e.with_peer(from))?.payload)?,
+                _ => {
+                    let f = f.into_local().map_err(|e| e.with_peer(from))?;
+                    crate::elem::copy_in::<u8>(bytes, &f.payload).map_err(|e| e.with_peer(from))?;
+                }
             }
-            Ok(dst)
+            bytemuck::try_cast_slice_mut(bytes)
+                .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("receive buffer: {e}")))
         }
     }
 
     /// The frame group rank `from` sent under `tag` (its payload may still be in the
     /// sender's memory), its signature checked.
     fn recv_frame(&self, from: usize, tag: u32) -> impl Future<Output = Result<hcomm_core::Frame>> + '_ {
+        let mailbox = self.g.transport.mailbox().clone();
+        self.recv_frame_via(from, tag, move |key| mailbox.recv_frame(key), |f| f)
+    }
+
+    /// The receive `start` posts (at the call) for the key of (`from`, `tag`) in this
+    /// operation, counted as waited for until it completes, with `frame` of its
+    /// result checked against this rank's signature.
+    fn recv_frame_via<'a, R: 'a, F: Future<Output = Result<R>> + 'a>(
+        &'a self,
+        from: usize,
+        tag: u32,
+        start: impl FnOnce(MatchKey) -> F,
+        frame_of: impl Fn(&R) -> &hcomm_core::Frame + 'a,
+    ) -> impl Future<Output = Result<R>> + 'a {
         let src = self.g.world_rank(from);
         let key = MatchKey { src, comm: self.g.comm, seq: self.seq, tag };
-        let fut = self.g.transport.mailbox().recv_frame(key);
+        let fut = start(key);
         *self.waiting.lock().entry(from).or_insert(0) += 1;
         let posted = events::Stopwatch::start();
         async move {
             // A failed receive leaves its entry: this rank is still waiting for `from`.
-            let frame = fut.await?;
+            let got = fut.await?;
+            let frame = frame_of(&got);
             let len = frame.len() as u64;
             self.moved.fetch_add(len, Ordering::Relaxed);
             let me = self.g.world_rank(self.g.me) as u32;
@@ -508,7 +531,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
                 )
                 .with_peer(from));
             }
-            Ok(frame)
+            Ok(got)
         }
     }
 

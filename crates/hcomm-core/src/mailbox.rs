@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 
 use crate::Rank;
 use crate::error::{Error, ErrorKind, Result};
+use crate::landing::Landing;
 use crate::wire::{FrameKind, Header};
 
 /// A complete message: its (first fragment's) header and the whole payload, which is
@@ -120,7 +121,14 @@ impl MatchKey {
 
 enum Slot {
     Arrived(Fifo<Frame>),
-    Waiting(Fifo<oneshot::Sender<Result<Frame>>>),
+    Waiting(Fifo<Waiter>),
+}
+
+/// A posted receive: where its message goes, and the buffer it offers, if any, for
+/// the message to land in ([`crate::landing`]).
+struct Waiter {
+    tx: oneshot::Sender<Result<Frame>>,
+    landing: Option<Arc<Landing>>,
 }
 
 /// A first-in first-out queue that holds a lone element inline: nearly every slot holds
@@ -156,6 +164,14 @@ impl<T> Fifo<T> {
                 _ => unreachable!("matched One"),
             },
             Fifo::Many(q) => q.pop_front(),
+        }
+    }
+
+    fn front(&self) -> Option<&T> {
+        match self {
+            Fifo::Empty => None,
+            Fifo::One(a) => Some(a),
+            Fifo::Many(q) => q.front(),
         }
     }
 
@@ -221,6 +237,9 @@ struct Inner {
     /// Communicators aborted as a whole.
     aborted_comms: HashMap<u64, Error>,
     closed: Option<Error>,
+    /// Landings claimed by a link and not complete yet: failures reach them here, as
+    /// they reach waiting receives through `slots`.
+    claimed: Vec<(MatchKey, std::sync::Weak<Landing>)>,
 }
 
 /// The matching table of one rank. Shared by the transport (which delivers) and every
@@ -260,6 +279,22 @@ pub trait PollLink: Send + Sync {
     /// Delivers to the mailbox what has arrived, unless someone else is reading the
     /// link right now; `false` once the link has ended.
     fn poll(&self) -> bool;
+
+    /// As [`PollLink::poll`], for the receive that offered `landing`: bytes of its
+    /// message (once the link has claimed the landing) are read straight into `dst`,
+    /// its buffer, borrowed for this call only ([`crate::landing`]). By default, a link
+    /// that claims no landings just polls.
+    fn poll_into(&self, landing: &Landing, dst: &mut [u8]) -> bool {
+        let _ = (landing, dst);
+        self.poll()
+    }
+
+    /// Whether a receive may keep polling this link inside one poll of its future for
+    /// [`Progress::spin`] (a link whose news comes only through the executor's I/O
+    /// driver gains nothing from it).
+    fn spins(&self) -> bool {
+        true
+    }
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -285,6 +320,16 @@ pub const COMM_ABORT_SEQ: u64 = u64::MAX;
 /// so no communicator has it.
 pub const LOAN_COMM: u64 = u64::MAX;
 
+/// Tells a receive's landing that the receive is gone, when its future is dropped (or
+/// done).
+struct OwnerGuard(Arc<Landing>);
+
+impl Drop for OwnerGuard {
+    fn drop(&mut self) {
+        self.0.drop_owner();
+    }
+}
+
 /// Polls `src`'s link (see [`Progress`]) until `rx` holds the message or the spin is
 /// over; `None` if it still waits. The waker `rx` registered stays registered.
 #[allow(clippy::type_complexity)]
@@ -292,6 +337,7 @@ fn poll_link(
     p: &Progress,
     src: Rank,
     rx: &mut oneshot::Receiver<Result<Frame>>,
+    mut poll: impl FnMut(&dyn PollLink) -> bool,
 ) -> Option<std::result::Result<Result<Frame>, ()>> {
     let check = |rx: &mut oneshot::Receiver<Result<Frame>>| match rx.try_recv() {
         Ok(r) => Some(Ok(r)),
@@ -302,13 +348,13 @@ fn poll_link(
         return Some(r);
     }
     let link = (p.link)(src)?;
-    if !link.poll() {
+    if !poll(&*link) {
         return check(rx);
     }
     if let Some(r) = check(rx) {
         return Some(r);
     }
-    if p.spin.is_zero() {
+    if p.spin.is_zero() || !link.spins() {
         return None;
     }
     // One `pause` per try (it lets the line the peer writes move without a pipeline
@@ -317,7 +363,7 @@ fn poll_link(
     let mut start = None;
     for tries in 1u32.. {
         std::hint::spin_loop();
-        link.poll();
+        poll(&*link);
         if let Some(r) = check(rx) {
             return Some(r);
         }
@@ -435,7 +481,7 @@ impl Mailbox {
             return None;
         }
         if let Some(Slot::Waiting(waiters)) = inner.slots.get_mut(&key) {
-            while let Some(tx) = waiters.pop_front() {
+            while let Some(Waiter { tx, .. }) = waiters.pop_front() {
                 match tx.send(Ok(frame)) {
                     Ok(()) => {
                         if waiters.is_empty() {
@@ -480,8 +526,8 @@ impl Mailbox {
     ///
     /// # Cancel safety
     /// As [`Mailbox::recv`].
-    pub fn recv_frame(&self, key: MatchKey) -> impl Future<Output = Result<Frame>> + Send + 'static {
-        let rx = self.post(key);
+    pub fn recv_frame(&self, key: MatchKey) -> impl Future<Output = Result<Frame>> + Send + use<> {
+        let rx = self.post(key, None);
         let rank = self.rank;
         let progress = self.progress.get().cloned();
         async move {
@@ -495,7 +541,7 @@ impl Mailbox {
                         // nothing: a message the poll itself reads is taken without a
                         // wake-up of this task (which registering first would cost).
                         if let Some(p) = &progress
-                            && let Some(r) = poll_link(p, key.src, &mut rx)
+                            && let Some(r) = poll_link(p, key.src, &mut rx, |l| l.poll())
                         {
                             return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
                         }
@@ -507,8 +553,66 @@ impl Mailbox {
         }
     }
 
+    /// As [`Mailbox::recv_frame`], for a receive into `dst`, which must have the
+    /// message's length: a receive into a buffer of [`LANDING_MIN`] bytes or more
+    /// offers it as a landing ([`crate::landing`]), so that a link that can may read
+    /// the message straight into it, in this future's polls. Whatever the frame, its
+    /// payload then goes into `dst` as usual: a landed message's
+    /// [`read_into`](RemotePayload::read_into) (of the same `dst`) fills in the
+    /// parts read elsewhere.
+    ///
+    /// # Errors
+    /// As [`Mailbox::recv`].
+    ///
+    /// # Cancel safety
+    /// As [`Mailbox::recv`]. A message that began to land in `dst` belongs to this
+    /// receive: dropping the future loses it, and `dst` holds part of it.
+    ///
+    /// [`LANDING_MIN`]: crate::landing::LANDING_MIN
+    pub fn recv_frame_into<'a>(
+        &self,
+        key: MatchKey,
+        dst: &'a mut [u8],
+    ) -> impl Future<Output = Result<(Frame, &'a mut [u8])>> + Send + use<'a> {
+        let landing = (dst.len() >= crate::landing::LANDING_MIN).then(|| Arc::new(Landing::new(dst.len())));
+        let rx = self.post(key, landing.clone());
+        let rank = self.rank;
+        let progress = self.progress.get().cloned();
+        let owner = landing.map(OwnerGuard);
+        async move {
+            let frame = match rx {
+                Ok(ready) => ready,
+                Err(mut rx) => {
+                    let closed =
+                        || Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank);
+                    std::future::poll_fn(|cx| {
+                        if let Some(p) = &progress {
+                            let polled = match &owner {
+                                Some(OwnerGuard(l)) => poll_link(p, key.src, &mut rx, |link| link.poll_into(l, dst)),
+                                None => poll_link(p, key.src, &mut rx, |link| link.poll()),
+                            };
+                            if let Some(r) = polled {
+                                return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
+                            }
+                        }
+                        if let Some(OwnerGuard(l)) = &owner {
+                            l.set_waker(cx.waker());
+                        }
+                        Pin::new(&mut rx).poll(cx).map(|r| r.unwrap_or_else(|_| Err(closed())))
+                    })
+                    .await
+                }
+            };
+            frame.map(|f| (f, dst))
+        }
+    }
+
     #[allow(clippy::type_complexity)]
-    fn post(&self, key: MatchKey) -> std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>> {
+    fn post(
+        &self,
+        key: MatchKey,
+        landing: Option<Arc<Landing>>,
+    ) -> std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>> {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         if let Some(e) = inner.aborted_comms.get(&key.comm).or_else(|| inner.aborted.get(&(key.comm, key.seq))) {
@@ -525,14 +629,15 @@ impl Mailbox {
             return Ok(Err(e.clone()));
         }
         let (tx, rx) = oneshot::channel();
+        let waiter = Waiter { tx, landing };
         match inner.slots.entry(key) {
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Slot::Waiting(Fifo::one(tx)));
+                v.insert(Slot::Waiting(Fifo::one(waiter)));
             }
             std::collections::hash_map::Entry::Occupied(mut o) => match o.get_mut() {
                 Slot::Waiting(w) => {
-                    w.retain(|t| !t.is_closed());
-                    w.push_back(tx);
+                    w.retain(|t| !t.tx.is_closed());
+                    w.push_back(waiter);
                 }
                 Slot::Arrived(_) => unreachable!("handled above"),
             },
@@ -615,13 +720,58 @@ impl Mailbox {
     fn fail_waiters(inner: &mut Inner, pick: impl Fn(&MatchKey) -> bool, err: &Error) {
         inner.slots.retain(|k, slot| match slot {
             Slot::Waiting(w) if pick(k) => {
-                for tx in w.take_all() {
-                    let _ = tx.send(Err(err.clone()));
+                for w in w.take_all() {
+                    let _ = w.tx.send(Err(err.clone()));
                 }
                 false
             }
             _ => true,
         });
+        inner.claimed.retain(|(k, landing)| match landing.upgrade() {
+            Some(l) if pick(k) => {
+                l.fail(err.clone());
+                false
+            }
+            Some(_) => true,
+            None => false,
+        });
+    }
+
+    /// The landing of the first receive waiting for `key`, if it offered one for a
+    /// message of exactly `len` bytes: the receive is taken out of the mailbox's
+    /// matching (the message with `key` whose first fragment the caller, a link, has
+    /// just read is this receive's), and the link completes or fails it through the
+    /// landing ([`crate::landing`]). `None`: no such receive (the message is
+    /// delivered as usual).
+    pub fn claim(&self, key: &MatchKey, len: usize) -> Option<Arc<Landing>> {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        if inner.aborted.contains_key(&(key.comm, key.seq)) || inner.aborted_comms.contains_key(&key.comm) {
+            return None;
+        }
+        let Some(Slot::Waiting(waiters)) = inner.slots.get_mut(key) else { return None };
+        waiters.retain(|w| !w.tx.is_closed());
+        let fits = match waiters.front() {
+            Some(Waiter { landing: Some(l), .. }) => l.len() == len,
+            _ => false,
+        };
+        if !fits {
+            if waiters.is_empty() {
+                inner.slots.remove(key);
+            }
+            return None;
+        }
+        let w = waiters.pop_front().expect("checked above");
+        if waiters.is_empty() {
+            inner.slots.remove(key);
+        }
+        let landing = w.landing.expect("checked above");
+        if !landing.claim(w.tx) {
+            return None;
+        }
+        inner.claimed.retain(|(_, l)| l.strong_count() > 0);
+        inner.claimed.push((*key, Arc::downgrade(&landing)));
+        Some(landing)
     }
 
     /// Number of keys with unclaimed messages or waiting receives (for tests and

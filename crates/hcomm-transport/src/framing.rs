@@ -14,6 +14,7 @@ use hcomm_core::{Error, ErrorKind, Frame, Result};
 use tokio::sync::oneshot;
 
 use crate::loan::Loan;
+use hcomm_core::landing::{LANDING_MIN, Landing};
 
 /// Fragments up to this size are copied into the write batch; larger ones are written
 /// from the caller's buffer directly.
@@ -199,6 +200,38 @@ impl WriteQueue {
 struct Partial {
     header: Header,
     data: PoolBuf,
+    /// The message lands in a receive's buffer instead ([`hcomm_core::landing`]):
+    /// `data` stays empty.
+    landed: Option<Landed>,
+}
+
+/// A message that lands in a receive's buffer: how far it has arrived, and the pieces
+/// read elsewhere than into that buffer.
+#[derive(Debug)]
+struct Landed {
+    landing: Arc<Landing>,
+    received: usize,
+    pieces: Vec<(usize, Bytes)>,
+    /// The piece that reads by someone other than the receive go into, and its
+    /// offset in the message: consecutive reads fill one piece.
+    cur: Option<(usize, PoolBuf)>,
+}
+
+impl Landed {
+    /// Ends the current piece (it holds everything up to `received`).
+    fn flush(&mut self) {
+        if let Some((at, buf)) = self.cur.take()
+            && !buf.is_empty()
+        {
+            self.pieces.push((at, buf.freeze()));
+        }
+    }
+}
+
+impl Partial {
+    fn received(&self) -> usize {
+        self.landed.as_ref().map_or(self.data.len(), |l| l.received)
+    }
 }
 
 /// Parses received bytes into complete messages, reassembling fragments. Every
@@ -221,6 +254,22 @@ pub(crate) struct Assembler {
     /// The stream is a shared-memory ring's: short frames and padding between frames
     /// are allowed ([`hcomm_core::wire`]).
     ring: bool,
+    /// Where large messages may land in their receive's buffer ([`Assembler::landing`]).
+    mailbox: Option<Arc<hcomm_core::Mailbox>>,
+    /// Counts of landed messages.
+    landed: Option<Arc<LandStats>>,
+}
+
+/// Counts of the messages that landed in their receive's buffer
+/// ([`crate::StreamTransport::tcp_landed`]).
+#[derive(Debug, Default)]
+pub(crate) struct LandStats {
+    /// Messages that landed.
+    pub messages: std::sync::atomic::AtomicU64,
+    /// Their bytes that the receive read from the socket into its buffer itself.
+    pub own_bytes: std::sync::atomic::AtomicU64,
+    /// Their bytes that others read, into pieces the receive copied in.
+    pub piece_bytes: std::sync::atomic::AtomicU64,
 }
 
 fn protocol(msg: impl Into<String>) -> Error {
@@ -235,7 +284,16 @@ impl Assembler {
             peer: peer as u32,
             direct: None,
             ring: false,
+            mailbox: None,
+            landed: None,
         }
+    }
+
+    /// An assembler whose large messages may land straight in the buffer of the
+    /// receive waiting for them in `mailbox` ([`hcomm_core::landing`]), for a link
+    /// that such a receive can read itself ([`Assembler::owner_target`]).
+    pub fn landing(peer: usize, mailbox: Arc<hcomm_core::Mailbox>, stats: Arc<LandStats>) -> Assembler {
+        Assembler { mailbox: Some(mailbox), landed: Some(stats), ..Assembler::new(peer) }
     }
 
     /// An assembler for the stream of a shared-memory ring, which also carries short
@@ -267,8 +325,20 @@ impl Assembler {
     pub fn read_target(&mut self) -> (BytesMut, usize) {
         if let Some((id, end)) = self.direct {
             let p = self.partial.get_mut(&id).expect("a direct read has its message");
-            let left = end - p.data.len();
+            let left = end - p.received();
             debug_assert!(left > 0, "next_frame ends a direct read once it is complete");
+            if let Some(l) = &mut p.landed {
+                // Not the receive's own read: into a piece, the current one if it ends
+                // where this read begins and has room for the rest of the fragment.
+                let fits =
+                    matches!(&l.cur, Some((at, b)) if at + b.len() == l.received && b.capacity() - b.len() >= left);
+                if !fits {
+                    l.flush();
+                    l.cur = Some((l.received, pool::take(left)));
+                }
+                let (_, cur) = l.cur.as_mut().expect("set above");
+                return (std::mem::take(&mut **cur), left);
+            }
             p.data.reserve(left);
             return (std::mem::take(&mut *p.data), left);
         }
@@ -291,9 +361,72 @@ impl Assembler {
     /// bytes read appended.
     pub fn filled(&mut self, buf: BytesMut) {
         match self.direct {
-            Some((id, _)) => *self.partial.get_mut(&id).expect("a direct read has its message").data = buf,
+            Some((id, _)) => {
+                let p = self.partial.get_mut(&id).expect("a direct read has its message");
+                match &mut p.landed {
+                    Some(l) => {
+                        let (at, cur) = l.cur.as_mut().expect("read_target gave out a piece");
+                        **cur = buf;
+                        l.received = *at + cur.len();
+                    }
+                    None => *p.data = buf,
+                }
+            }
             None => self.buf = buf,
         }
+    }
+
+    /// Where the receive that offered `landing` reads next, straight into its buffer:
+    /// (offset, length) of the rest of the fragment being read, if that fragment is
+    /// of its message.
+    pub fn owner_target(&self, landing: &Landing) -> Option<(usize, usize)> {
+        let (id, end) = self.direct?;
+        let l = self.partial.get(&id)?.landed.as_ref()?;
+        std::ptr::eq(Arc::as_ptr(&l.landing), landing).then(|| (l.received, end - l.received))
+    }
+
+    /// The receive read `n` bytes at [`owner_target`](Self::owner_target) into its
+    /// buffer.
+    pub fn owner_filled(&mut self, n: usize) {
+        let (id, _) = self.direct.expect("owner_filled follows owner_target");
+        let l = self.partial.get_mut(&id).and_then(|p| p.landed.as_mut()).expect("a landed message");
+        l.received += n;
+    }
+
+    /// The landing whose message the fragment being read belongs to, if it lands.
+    pub fn landed_target(&self) -> Option<&Arc<Landing>> {
+        let (id, _) = self.direct?;
+        Some(&self.partial.get(&id)?.landed.as_ref()?.landing)
+    }
+
+    /// Fails the receives whose messages were landing (the link ended).
+    pub fn fail_landed(&mut self, err: &Error) {
+        for p in self.partial.values_mut() {
+            if let Some(l) = p.landed.take() {
+                l.landing.fail(err.clone());
+            }
+        }
+    }
+
+    /// Completes message `id` if it landed whole (`true`: it was a landed message,
+    /// whole or not).
+    fn complete_landed(&mut self, id: u64) -> bool {
+        let p = &self.partial[&id];
+        let Some(l) = &p.landed else { return false };
+        if l.received as u64 == p.header.msg_len {
+            let p = self.partial.remove(&id).expect("present");
+            let mut l = p.landed.expect("checked");
+            l.flush();
+            if let Some(s) = &self.landed {
+                use std::sync::atomic::Ordering::Relaxed;
+                let pieces: usize = l.pieces.iter().map(|(_, b)| b.len()).sum();
+                s.messages.fetch_add(1, Relaxed);
+                s.piece_bytes.fetch_add(pieces as u64, Relaxed);
+                s.own_bytes.fetch_add((l.received - pieces) as u64, Relaxed);
+            }
+            l.landing.complete(p.header, l.pieces);
+        }
+        true
     }
 
     /// Whether the parser holds no bytes of a frame (a message may be partly received:
@@ -316,7 +449,11 @@ impl Assembler {
 
     /// The message `h` is a fragment of, opened if `h` starts it; checks that `h`
     /// continues it.
-    fn message_of<'a>(partial: &'a mut HashMap<u64, Partial>, h: &Header) -> Result<&'a mut Partial> {
+    fn message_of<'a>(
+        partial: &'a mut HashMap<u64, Partial>,
+        h: &Header,
+        mailbox: Option<&hcomm_core::Mailbox>,
+    ) -> Result<&'a mut Partial> {
         let open = partial.len();
         match partial.entry(h.msg_id) {
             Entry::Vacant(v) => {
@@ -326,18 +463,30 @@ impl Assembler {
                 if open >= MAX_PARTIAL {
                     return Err(protocol(format!("more than {MAX_PARTIAL} partial messages open")));
                 }
+                // A data message large enough, whose receive waits with a buffer of
+                // its length: it lands there.
+                let landing = match mailbox {
+                    Some(m) if h.kind == hcomm_core::FrameKind::Data && h.msg_len >= LANDING_MIN as u64 => {
+                        usize::try_from(h.msg_len).ok().and_then(|len| m.claim(&hcomm_core::MatchKey::of(h), len))
+                    }
+                    _ => None,
+                };
+                if let Some(landing) = landing {
+                    let landed = Landed { landing, received: 0, pieces: Vec::new(), cur: None };
+                    return Ok(v.insert(Partial { header: *h, data: pool::take(0), landed: Some(landed) }));
+                }
                 let data = pool::take(h.msg_len.min(MAX_PREALLOC) as usize);
-                Ok(v.insert(Partial { header: *h, data }))
+                Ok(v.insert(Partial { header: *h, data, landed: None }))
             }
             Entry::Occupied(o) => {
                 let p = o.into_mut();
-                if p.header.msg_len != h.msg_len || p.data.len() as u64 != h.offset || !same_key(&p.header, h) {
+                if p.header.msg_len != h.msg_len || p.received() as u64 != h.offset || !same_key(&p.header, h) {
                     return Err(protocol(format!(
                         "fragment {}+{} of message {} does not continue it ({} of {} bytes received)",
                         h.offset,
                         h.frag_len,
                         h.msg_id,
-                        p.data.len(),
+                        p.received(),
                         p.header.msg_len
                     )));
                 }
@@ -363,11 +512,13 @@ impl Assembler {
     /// cannot be trusted after it.
     pub fn next_frame(&mut self) -> Result<Option<Frame>> {
         if let Some((id, end)) = self.direct {
-            if self.partial[&id].data.len() < end {
+            if self.partial[&id].received() < end {
                 return Ok(None);
             }
             self.direct = None;
-            if let Some(f) = self.take_if_whole(id) {
+            if !self.complete_landed(id)
+                && let Some(f) = self.take_if_whole(id)
+            {
                 return Ok(Some(f));
             }
         }
@@ -401,18 +552,32 @@ impl Assembler {
                 self.buf.advance(HEADER_LEN);
                 return Ok(Some(Frame::new(h, self.buf.split_to(n).freeze())));
             }
-            let p = Self::message_of(&mut self.partial, &h)?;
+            let p = Self::message_of(&mut self.partial, &h, self.mailbox.as_deref())?;
             // Validated: consume the header and what arrived of the fragment.
             let here = n.min(self.buf.len() - HEADER_LEN);
-            p.data.extend_from_slice(&self.buf[HEADER_LEN..HEADER_LEN + here]);
-            let end = p.data.len() + (n - here);
-            self.buf.advance(HEADER_LEN + here);
+            let end = match &mut p.landed {
+                Some(l) => {
+                    self.buf.advance(HEADER_LEN);
+                    if here > 0 {
+                        l.pieces.push((l.received, self.buf.split_to(here).freeze()));
+                        l.received += here;
+                    }
+                    l.received + (n - here)
+                }
+                None => {
+                    p.data.extend_from_slice(&self.buf[HEADER_LEN..HEADER_LEN + here]);
+                    self.buf.advance(HEADER_LEN + here);
+                    p.data.len() + (n - here)
+                }
+            };
             if here < n {
-                // The rest is read straight into the message.
+                // The rest is read straight into the message (or its receive's buffer).
                 self.direct = Some((h.msg_id, end));
                 return Ok(None);
             }
-            if let Some(f) = self.take_if_whole(h.msg_id) {
+            if !self.complete_landed(h.msg_id)
+                && let Some(f) = self.take_if_whole(h.msg_id)
+            {
                 return Ok(Some(f));
             }
         }

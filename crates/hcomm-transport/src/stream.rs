@@ -34,6 +34,7 @@ use crate::bundle::{self, Bundle, BundleStats, BundleWriter};
 use crate::framing::{Assembler, Big, Outgoing, WriteQueue};
 use crate::loan::{Lender, Loan};
 use crate::shm::{ShmOptions, ShmPair};
+use hcomm_core::landing::Landing;
 
 /// Tuning of the stream transports.
 #[derive(Debug, Clone)]
@@ -76,6 +77,13 @@ pub struct StreamOptions {
     /// future may be gone), TLS, several connections per peer, or shared memory
     /// (which lends by its own means, [`ShmOptions::pull_min`]).
     pub tcp_lend: usize,
+    /// Whether a receive into a buffer of 64 KiB or more
+    /// ([`hcomm_core::landing::LANDING_MIN`]) over a plain tokio TCP connection may
+    /// have its message land there: the receive reads the message's bytes from the
+    /// socket into its buffer itself, instead of copying them out of a pooled
+    /// buffer the connection's reader filled ([`hcomm_core::landing`]). Not used by
+    /// io_uring, TLS, several connections per peer, or shared memory.
+    pub tcp_land: bool,
 }
 
 /// Default of [`StreamOptions::tcp_lend`] (`HCOMM_TCP_LEND`).
@@ -114,6 +122,7 @@ impl Default for StreamOptions {
             tcp_spin: DEFAULT_TCP_SPIN,
             link_stall: DEFAULT_LINK_STALL,
             tcp_lend: DEFAULT_TCP_LEND,
+            tcp_land: true,
         }
     }
 }
@@ -161,6 +170,10 @@ pub(crate) struct Links {
     epoch: u64,
     /// Milliseconds since `epoch` of the last bytes read from each peer.
     heard: Vec<AtomicU64>,
+    /// Per peer, messages handed to its writer task and not yet written: a receive
+    /// that reads its own message spins only while its writer has nothing to send
+    /// ([`TcpInbox::drain`]).
+    pub(crate) unwritten: Vec<std::sync::atomic::AtomicUsize>,
     tasks: Mutex<Vec<PeerTasks>>,
     /// Per peer: its bundle, if it is reached over several connections (for the
     /// watchdog's report of a silent peer).
@@ -168,6 +181,8 @@ pub(crate) struct Links {
     closed: AtomicBool,
     /// The readers were stopped (the transport closed): nothing more is received.
     pub(crate) readers_stopped: AtomicBool,
+    /// Messages that landed in their receive's buffer (TCP).
+    pub(crate) landed: Arc<crate::framing::LandStats>,
     /// Per peer: its reader has stopped (its close frame came, or the connection
     /// ended) and its writer has stopped (our close frame is written, or the
     /// connection failed). An orderly shutdown waits for both.
@@ -184,10 +199,12 @@ impl Links {
             mailbox,
             epoch: coarse_ms(),
             heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            unwritten: (0..size).map(|_| std::sync::atomic::AtomicUsize::new(0)).collect(),
             tasks: Mutex::new(vec![PeerTasks::default(); size]),
             bundles: Mutex::new(vec![None; size]),
             closed: AtomicBool::new(false),
             readers_stopped: AtomicBool::new(false),
+            landed: Arc::default(),
             reader_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             writer_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             stopped: tokio::sync::Notify::new(),
@@ -445,6 +462,7 @@ impl StreamTransport {
         let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         let mut inboxes = vec![None; links.len()];
+        let mut polled: Vec<Option<std::sync::Weak<dyn hcomm_core::mailbox::PollLink>>> = vec![None; links.len()];
         for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
             let tasks = match link {
@@ -453,8 +471,9 @@ impl StreamTransport {
                         t.lend_min[peer] = opts.tcp_lend;
                     }
                     let (rd, wr) = s.into_split();
-                    let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin };
-                    let r = tokio::spawn(read_loop(rd, peer, t.shared.clone()));
+                    let inbox = Arc::new(TcpInbox::new(rd, peer, t.shared.clone(), opts));
+                    polled[peer] = Some(Arc::downgrade(&inbox) as std::sync::Weak<dyn hcomm_core::mailbox::PollLink>);
+                    let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin));
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
                 }
@@ -486,7 +505,7 @@ impl StreamTransport {
             };
             t.shared.tasks.lock()[peer] = tasks;
         }
-        t.poll_shm(inboxes, opts);
+        t.poll_links(inboxes, polled, opts);
         if let Some(timeout) = opts.peer_timeout {
             tokio::spawn(watchdog(t.shared.clone(), rank, timeout, || async {}));
         }
@@ -557,7 +576,8 @@ impl StreamTransport {
             };
             t.shared.tasks.lock()[peer] = tasks;
         }
-        t.poll_shm(inboxes, opts);
+        let size = t.size;
+        t.poll_links(inboxes, vec![None; size], opts);
         if let Some(timeout) = opts.peer_timeout {
             tokio_uring::spawn(watchdog(t.shared.clone(), rank, timeout, || async {
                 // An error here (no submission slot) only skips the probe.
@@ -639,7 +659,11 @@ impl StreamTransport {
             message.done = Some(tx);
             rx
         });
-        link.send(message).map_err(|_| closed())?;
+        self.shared.unwritten[peer].fetch_add(1, Ordering::Relaxed);
+        link.send(message).map_err(|_| {
+            self.shared.unwritten[peer].fetch_sub(1, Ordering::Relaxed);
+            closed()
+        })?;
         Ok(rx)
     }
 
@@ -683,17 +707,28 @@ impl StreamTransport {
         sp
     }
 
-    /// Lets waiting receives from shared-memory peers read the ring themselves
-    /// ([`hcomm_core::mailbox::Progress`]), which spares the hand-over from the reader
-    /// task when the receiving task is polled first.
-    fn poll_shm(&self, inboxes: Vec<Option<std::sync::Weak<crate::shm::ShmInbox>>>, opts: &StreamOptions) {
-        if inboxes.iter().all(Option::is_none) {
+    /// Lets waiting receives from shared-memory peers (`inboxes`) and plain tokio TCP
+    /// peers (`polled`) read the link themselves ([`hcomm_core::mailbox::Progress`]),
+    /// which spares the hand-over from the reader task when the receiving task is
+    /// polled first, and lets a large message land in its receive's buffer
+    /// ([`hcomm_core::landing`], TCP).
+    fn poll_links(
+        &self,
+        inboxes: Vec<Option<std::sync::Weak<crate::shm::ShmInbox>>>,
+        mut polled: Vec<Option<std::sync::Weak<dyn hcomm_core::mailbox::PollLink>>>,
+        opts: &StreamOptions,
+    ) {
+        for (p, shm) in polled.iter_mut().zip(inboxes) {
+            if let Some(w) = shm {
+                *p = Some(w);
+            }
+        }
+        if polled.iter().all(Option::is_none) {
             return;
         }
         // Weak: the mailbox must not keep the links (which hold it) alive.
-        let link = move |src: Rank| -> Option<Arc<dyn hcomm_core::mailbox::PollLink>> {
-            Some(inboxes.get(src)?.as_ref()?.upgrade()?)
-        };
+        let link =
+            move |src: Rank| -> Option<Arc<dyn hcomm_core::mailbox::PollLink>> { polled.get(src)?.as_ref()?.upgrade() };
         self.mailbox.set_progress(hcomm_core::mailbox::Progress { link: Box::new(link), spin: opts.shm.poll });
     }
     /// [`Transport::send_borrowed`] to a peer whose connection does not take loans
@@ -890,6 +925,15 @@ impl StreamTransport {
         (self.loans.0.load(Ordering::Relaxed), self.loans.1.load(Ordering::Relaxed))
     }
 
+    /// Messages that landed in their receive's buffer over TCP
+    /// ([`StreamOptions::tcp_land`]): how many, how many of their bytes the receives
+    /// read into their buffers themselves, and how many the connections' readers read
+    /// first (which the receives then copied in).
+    pub fn tcp_landed(&self) -> (u64, u64, u64) {
+        let s = &self.shared.landed;
+        (s.messages.load(Ordering::Relaxed), s.own_bytes.load(Ordering::Relaxed), s.piece_bytes.load(Ordering::Relaxed))
+    }
+
     /// Whether the connection to `peer` is encrypted (TLS, `HCOMM_TLS=1`).
     pub fn is_encrypted(&self, peer: Rank) -> bool {
         self.encrypted.get(peer).copied().unwrap_or(false)
@@ -1030,6 +1074,7 @@ async fn write_loop<L: WriteLink>(
                     Ok(next) => next,
                     // Idle for a heartbeat period: tell the peer this rank is alive.
                     Err(_) => Some({
+                        links.unwritten[peer].fetch_add(1, Ordering::Relaxed);
                         link.heartbeat();
                         Outgoing::new(
                             Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, links.mailbox.rank(), 0, 0, 0),
@@ -1066,6 +1111,7 @@ async fn write_loop<L: WriteLink>(
             return links.mark(&links.writer_done, peer);
         }
         let n = q.written();
+        links.unwritten[peer].fetch_sub(n, Ordering::Relaxed);
         link.written(n);
     }
     link.stopped();
@@ -1211,6 +1257,243 @@ mod tls_io {
         }
         async fn finish(&mut self) {
             let _ = self.0.shutdown().await;
+        }
+    }
+}
+
+/// How long a TCP link's reader leaves the bytes of a landing message to its receive
+/// ([`hcomm_core::landing::Landing::offer_turn`]) before it reads them itself: a
+/// receive woken on another thread takes tens of microseconds to come.
+const TURN_PATIENCE: Duration = Duration::from_micros(200);
+
+/// How long a receive reading its own message's bytes keeps trying, without progress,
+/// before it leaves the socket to the reader task ([`recv_spinning`]).
+const OWNER_SPIN: Duration = Duration::from_micros(50);
+
+/// Reads into `dst` what the socket holds, without waiting, as one `recv(2)`; while
+/// it finds nothing, tries again for up to `spin` (holding the thread, as a blocking
+/// MPI receive does). The system call is made directly, not through tokio's readiness,
+/// which only the executor's I/O driver renews: a receive spinning on this thread
+/// would hold that off and never see the next bytes.
+#[allow(unsafe_code)] // recv(2) into a buffer we hold mutably
+fn recv_spinning(half: &tokio::net::tcp::OwnedReadHalf, dst: &mut [u8], spin: Duration) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let fd = half.as_ref().as_raw_fd();
+    let mut start = None;
+    loop {
+        // SAFETY: `dst` is a live, exclusively borrowed buffer of `dst.len()` bytes.
+        let n = unsafe { libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        if start.get_or_insert_with(std::time::Instant::now).elapsed() >= spin {
+            return Err(e);
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Reads per [`TcpInbox::drain`] before it returns (the caller then takes part in
+/// the executor's budget, or a receive checks whether its message came).
+const DRAIN_READS: usize = 32;
+
+/// What a [`TcpInbox::drain`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Drained {
+    /// Read something.
+    Some,
+    /// Nothing to read now, or someone else holds the parser.
+    Nothing,
+    /// The next bytes are a landing message's, left to its receive for a while.
+    Turn,
+    /// The link has ended (the mailbox knows).
+    Ended,
+}
+
+/// The receiving side of a plain tokio TCP connection, shared by its reader task and
+/// by the receives that read it themselves ([`PollLink`]): a receive into a buffer
+/// whose message lands there ([`hcomm_core::landing`]) reads the message's bytes from
+/// the socket straight into it.
+///
+/// [`PollLink`]: hcomm_core::mailbox::PollLink
+pub(crate) struct TcpInbox {
+    half: tokio::net::tcp::OwnedReadHalf,
+    peer: Rank,
+    links: Arc<Links>,
+    asm: Mutex<Assembler>,
+    ended: AtomicBool,
+    /// How long a receive reading its own message spins ([`OWNER_SPIN`], or less).
+    owner_spin: Duration,
+}
+
+impl std::fmt::Debug for TcpInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpInbox").field("peer", &self.peer).finish_non_exhaustive()
+    }
+}
+
+impl TcpInbox {
+    /// With `opts.tcp_land`, large messages may land in their receive's buffer; a
+    /// receive reading its own spins no longer than the reader does
+    /// (`opts.tcp_spin`, which is off where ranks outnumber cores).
+    pub(crate) fn new(
+        half: tokio::net::tcp::OwnedReadHalf,
+        peer: Rank,
+        links: Arc<Links>,
+        opts: &StreamOptions,
+    ) -> TcpInbox {
+        let asm = Mutex::new(match opts.tcp_land {
+            true => Assembler::landing(peer, links.mailbox.clone(), links.landed.clone()),
+            false => Assembler::new(peer),
+        });
+        let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
+        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin }
+    }
+
+    /// Whether tokio has seen the socket readable (no system call, no waker kept).
+    fn readable_now(&self) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        self.half.as_ref().poll_read_ready(&mut cx).is_ready()
+    }
+
+    /// Reads what the socket holds (without waiting) and delivers the whole messages,
+    /// unless someone else holds the parser. With `owner`, the caller is the receive
+    /// that offered that landing: bytes of its message go straight into its buffer.
+    fn drain(&self, mut owner: Option<(&Landing, &mut [u8])>) -> Drained {
+        if self.ended.load(Ordering::Acquire) || self.links.readers_stopped.load(Ordering::Acquire) {
+            return Drained::Ended;
+        }
+        let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
+        let mailbox = &self.links.mailbox;
+        let mut got = false;
+        let mut turn = false;
+        for _ in 0..DRAIN_READS {
+            match deliver_all(&mut asm, mailbox) {
+                Ok(false) => {}
+                Ok(true) => return self.end(&mut asm, None),
+                Err(e) => return self.end(&mut asm, Some(e.with_peer(self.peer))),
+            }
+            let mine = owner.as_ref().and_then(|(l, _)| asm.owner_target(l));
+            let res = match (mine, owner.as_mut()) {
+                (Some((at, len)), Some((l, dst))) => {
+                    // Spin only while this rank has nothing queued for the peer: on a
+                    // current-thread runtime the spin holds off the writer task, and a
+                    // peer waiting for our data would wait out the spin.
+                    let idle = self.links.unwritten[self.peer].load(Ordering::Relaxed) == 0;
+                    let spin = if idle { self.owner_spin } else { Duration::ZERO };
+                    let r = recv_spinning(&self.half, &mut dst[at..at + len], spin);
+                    if let Ok(n @ 1..) = r {
+                        asm.owner_filled(n);
+                        l.turn_taken();
+                    }
+                    r
+                }
+                _ => {
+                    // Another receive's message: its bytes are worth a short wait for
+                    // it to read them itself (into its buffer, one copy less), if it
+                    // will spin for them (see below); otherwise the turn would only
+                    // cost two task switches.
+                    if let Some(l) = asm.landed_target()
+                        && !self.owner_spin.is_zero()
+                        && self.links.unwritten[self.peer].load(Ordering::Relaxed) == 0
+                        && self.readable_now()
+                        && l.offer_turn(TURN_PATIENCE)
+                    {
+                        turn = true;
+                        break;
+                    }
+                    let (mut buf, limit) = asm.read_target();
+                    let r = self.half.try_read_buf(&mut bytes::BufMut::limit(&mut buf, limit));
+                    asm.filled(buf);
+                    r
+                }
+            };
+            match res {
+                Ok(0) => return self.end(&mut asm, Some(unannounced_eof(self.peer))),
+                Ok(_) => {
+                    got = true;
+                    self.links.heard_from(self.peer);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return self.end(&mut asm, Some(broken(self.peer, "receiving", e))),
+            }
+        }
+        match deliver_all(&mut asm, mailbox) {
+            Ok(false) => {}
+            Ok(true) => return self.end(&mut asm, None),
+            Err(e) => return self.end(&mut asm, Some(e.with_peer(self.peer))),
+        }
+        match (got, turn) {
+            (true, _) => Drained::Some,
+            (false, true) => Drained::Turn,
+            (false, false) => Drained::Nothing,
+        }
+    }
+
+    /// The link ended: with an error, the peer fails (and receives whose messages were
+    /// landing with it); with none, its close frame came.
+    fn end(&self, asm: &mut Assembler, err: Option<Error>) -> Drained {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return Drained::Ended;
+        }
+        let err = err
+            .unwrap_or_else(|| Error::new(ErrorKind::PeerFailed, "peer closed its communicator").with_peer(self.peer));
+        asm.fail_landed(&err);
+        tracing::debug!(peer = self.peer, error = %err, "reader stopped");
+        self.links.mailbox.fail_peer(self.peer, err);
+        self.links.mark(&self.links.reader_done, self.peer);
+        Drained::Ended
+    }
+}
+
+impl hcomm_core::mailbox::PollLink for TcpInbox {
+    fn poll(&self) -> bool {
+        self.drain(None) != Drained::Ended
+    }
+
+    /// No: tokio learns that the socket became readable only when its reactor runs,
+    /// which a receive spinning on this thread would hold off.
+    fn spins(&self) -> bool {
+        false
+    }
+
+    fn poll_into(&self, landing: &Landing, dst: &mut [u8]) -> bool {
+        self.drain(Some((landing, dst))) != Drained::Ended
+    }
+}
+
+/// The reader task of a plain tokio TCP connection: drains it whenever it has data,
+/// trying again for `spin` (yielding to the executor's other tasks) before it waits for
+/// the socket, until the link ends.
+async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration) {
+    inbox.links.heard_from(inbox.peer);
+    let mut idle_since: Option<std::time::Instant> = None;
+    loop {
+        match inbox.drain(None) {
+            Drained::Ended => return,
+            Drained::Some => {
+                idle_since = None;
+                // A socket that always has data never makes this task wait: take part
+                // in tokio's cooperative budget, so that the executor's other tasks
+                // (the heartbeat writer among them) still run.
+                tokio::task::coop::consume_budget().await;
+            }
+            // A receive reads its own message, or holds the parser: let it.
+            Drained::Turn => tokio::task::yield_now().await,
+            Drained::Nothing if inbox.asm.is_locked() => tokio::task::yield_now().await,
+            Drained::Nothing => {
+                let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < spin {
+                    tokio::task::yield_now().await;
+                } else if let Err(e) = inbox.half.readable().await {
+                    inbox.end(&mut inbox.asm.lock(), Some(broken(inbox.peer, "receiving", e)));
+                    return;
+                }
+            }
         }
     }
 }

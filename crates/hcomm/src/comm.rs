@@ -641,21 +641,49 @@ impl<T: LocalTransport> Communicator<T> {
     /// Posts a receive; the frame may come with its payload still in the sender's
     /// memory ([`Frame::remote`]), for the caller to copy where it goes.
     fn post_recv(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Frame>> + '_ {
-        let start = events::Stopwatch::start();
+        let mailbox = self.group.transport().mailbox().clone();
+        self.post_recv_via(src, tag, move |key| mailbox.recv_frame(key), |f| f)
+    }
+
+    /// A receive that [`Mailbox::recv_frame_into`] posts, with `dst` offered for the
+    /// message to land in ([`hcomm_core::landing`]); hands `dst` back.
+    fn post_recv_into<'a>(
+        &'a self,
+        src: usize,
+        tag: Tag,
+        dst: &'a mut [u8],
+    ) -> impl Future<Output = Result<(Frame, &'a mut [u8])>> + 'a {
+        let mailbox = self.group.transport().mailbox().clone();
+        self.post_recv_via(src, tag, move |key| mailbox.recv_frame_into(key, dst), |(f, _)| f)
+    }
+
+    /// Posts the receive `start` makes for the key of (`src`, `tag`), at the call,
+    /// under the communicator's deadline, with its statistics, and checks that what
+    /// comes (`frame` of it) is a message.
+    fn post_recv_via<'a, R: 'a, F: Future<Output = Result<R>> + 'a>(
+        &'a self,
+        src: usize,
+        tag: Tag,
+        start: impl FnOnce(MatchKey) -> F,
+        frame: impl Fn(&R) -> &Frame + 'a,
+    ) -> impl Future<Output = Result<R>> + 'a {
+        let start_time = events::Stopwatch::start();
         let posted = self.check_peer(src, OpKind::Recv).map(|world| {
             let key = MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag };
-            (world, self.group.transport().mailbox().recv_frame(key))
+            (world, start(key))
         });
         async move {
             let (world, fut) = posted?;
+            let start = start_time;
             let me = self.group.world_rank(self.rank());
             let r = self.group.p2p_deadline(OpKind::Recv, src, fut).await;
-            let len = r.as_ref().map_or(0, |f| f.len() as u64);
+            let len = r.as_ref().map_or(0, |f| frame(f).len() as u64);
             if r.is_ok() {
                 events::message(me as u32, world as u32, OpKind::Recv, false, len, start.elapsed());
             }
             p2p_done(me, OpKind::Recv, world, len, start, r.is_ok());
-            let frame = r?;
+            let got = r?;
+            let frame = frame(&got);
             let dtype = frame.header.dtype;
             if frame.header.op != OpKind::Send || dtype.is_none() {
                 return Err(self.recv_error(
@@ -664,7 +692,7 @@ impl<T: LocalTransport> Communicator<T> {
                     format!("rank {src} sent a {} frame as a message", frame.header.op),
                 ));
             }
-            Ok(frame)
+            Ok(got)
         }
     }
 
@@ -710,29 +738,38 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Errors
     /// As [`Communicator::recv`], and a mismatch error if the lengths differ.
     ///
+    /// Over a plain TCP connection a message of 64 KiB or more for which this
+    /// receive waits lands in `buf` (`HCOMM_TCP_LAND`): the future reads it from the
+    /// socket into `buf` itself while it is polled, instead of copying it out of a
+    /// buffer the connection's reader filled.
+    ///
     /// # Cancel safety
-    /// As [`Communicator::recv`]; `buf` is written only when the future completes
-    /// (on an error, its contents are unspecified).
+    /// As [`Communicator::recv`], except that a message that began to land in `buf`
+    /// belongs to this receive: dropping the future then loses it, and `buf` holds
+    /// part of it. `buf` may be written while the future is polled; on an error, its
+    /// contents are unspecified.
     pub fn recv_into<'a, E: Element>(
         &'a self,
         src: usize,
         tag: Tag,
         buf: &'a mut [E],
     ) -> impl Future<Output = Result<()>> + 'a {
-        let frame = self.post_recv(src, tag);
+        let count = buf.len();
+        let frame = self.post_recv_into(src, tag, bytemuck::cast_slice_mut(buf));
         async move {
-            let f = frame.await?;
+            let (f, buf) = frame.await?;
             self.check_dtype::<E>(src, &f.header)?;
-            if f.header.count != buf.len() as u64 {
+            if f.header.count != count as u64 {
                 return Err(self.recv_error(
                     ErrorKind::Mismatch,
                     src,
-                    format!("rank {src} sent {} elements into a buffer of {}", f.header.count, buf.len()),
+                    format!("rank {src} sent {} elements into a buffer of {count}", f.header.count),
                 ));
             }
             let copied = match &f.remote {
-                // Lent by a shared-memory peer: one copy, from its memory into `buf`.
-                Some(r) => r.read_into(bytemuck::cast_slice_mut(buf)),
+                // Lent by a shared-memory peer: one copy, from its memory into `buf`;
+                // landed in `buf` over TCP: what was read elsewhere, copied in.
+                Some(r) => r.read_into(buf),
                 None => coll::copy_in(buf, &f.payload),
             };
             copied.map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))

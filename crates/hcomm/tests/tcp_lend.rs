@@ -1,9 +1,13 @@
-//! Sends lent to the TCP writer (`StreamOptions::tcp_lend`, `HCOMM_TCP_LEND`): a
-//! `send` of a slice of 64 KiB or more over a plain TCP connection is written straight
-//! from the caller's memory instead of a copy made at the call. Every way of receiving
-//! on both sides of the threshold; lent and copied messages under one tag in flight
-//! together; a send dropped before or while the writer sends it, its buffer reused at
-//! once. Ranks are tasks of this process, linked by loopback TCP.
+//! Large messages over plain TCP without copies in user space. Sends lent to the
+//! writer (`StreamOptions::tcp_lend`, `HCOMM_TCP_LEND`): a `send` of a slice of 64 KiB
+//! or more is written straight from the caller's memory instead of a copy made at the
+//! call. Receives that land (`StreamOptions::tcp_land`, `HCOMM_TCP_LAND`): a
+//! `recv_into` of 64 KiB or more posted before its message comes reads it from the
+//! socket into its buffer itself. Every way of receiving on both sides of the
+//! threshold; lent and copied messages under one tag in flight together; a send
+//! dropped before or while the writer sends it, its buffer reused at once; a receive
+//! dropped while its message lands. Ranks are tasks of this process, linked by
+//! loopback TCP.
 
 use std::time::Duration;
 
@@ -127,4 +131,100 @@ async fn loans_can_be_turned_off() {
     s.unwrap();
     assert!(r.unwrap() == data);
     assert_eq!(loans(&comms[0]), (0, 0));
+}
+
+fn landed(c: &Communicator<StreamTransport>) -> (u64, u64, u64) {
+    c.transport().tcp_landed()
+}
+
+/// Receives into buffers of 64 KiB and more, posted before their messages come, land:
+/// every byte is read into the buffer by the receive itself or by the reader (and
+/// copied in), and the data is whole. A message of the buffer's length but another
+/// element type lands too, and is refused all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_receives_land_in_their_buffer() {
+    let comms = hcomm::local_tcp(2).await.unwrap();
+    let (a, b) = (&comms[0], &comms[1]);
+    let sizes = [LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 1_048_583, 3_000_017, 9_000_001];
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = random_bytes(len, 200 + i as u64);
+        let mut out = vec![0u8; len];
+        let recv = b.recv_into(0, 7, &mut out);
+        let (r, s) = futures::join!(recv, a.send(1, 7, &data));
+        s.unwrap();
+        r.unwrap_or_else(|e| panic!("{len} B: {e}"));
+        assert!(out == data, "{len} B: wrong bytes");
+    }
+    let large: Vec<usize> = sizes.iter().copied().filter(|&l| l >= LEND_MIN).collect();
+    let (messages, own, pieces) = landed(b);
+    assert_eq!(messages, large.len() as u64, "{:?}", landed(b));
+    assert_eq!(own + pieces, large.iter().sum::<usize>() as u64, "{:?}", landed(b));
+    // 65 536 f32 sent, 65 536 u32 expected: the same bytes, another type.
+    let floats = vec![1.5f32; 1 << 16];
+    let mut ints = vec![0u32; 1 << 16];
+    let (r, s) = futures::join!(b.recv_into(0, 8, &mut ints), a.send(1, 8, &floats));
+    s.unwrap();
+    assert!(r.unwrap_err().is_mismatch());
+    assert_eq!(landed(b).0, large.len() as u64 + 1);
+    // And the link goes on: a collective over it is right.
+    let (mut v, mut w) = (vec![1.0f32; 300_001], vec![1.0f32; 300_001]);
+    let (x, y) = futures::join!(a.all_reduce(&mut v, hcomm::ReduceOp::Sum), b.all_reduce(&mut w, hcomm::ReduceOp::Sum));
+    x.unwrap();
+    y.unwrap();
+    assert!(v.iter().chain(&w).all(|&x| x == 2.0));
+}
+
+/// A receive dropped while its 64 MiB message lands loses that message (as the
+/// mailbox's cancel-safety rule says), and nothing else: a later receive with the same
+/// tag gets a whole message, never a mix of two, and the link goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_dropped_while_its_message_lands() {
+    let mut comms = hcomm::local_tcp(2).await.unwrap();
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
+    let (a, b) = (&comms[0], &comms[1]);
+    let len = 64 << 20;
+    let first = vec![0xA1u8; len];
+    let second = vec![0xB2u8; len];
+    let sends = async {
+        a.send(1, 9, &first).await?;
+        a.send(1, 9, &second).await
+    };
+    let recvs = async {
+        let mut out = vec![0u8; len];
+        {
+            let recv = b.recv_into(0, 9, &mut out);
+            // Dropped while the first message comes (or before it does).
+            let early = tokio::time::timeout(Duration::from_millis(3), recv).await;
+            assert!(early.is_err(), "64 MiB arrived within 3 ms");
+        }
+        b.recv_into(0, 9, &mut out).await?;
+        let got_first = out == first;
+        assert!(got_first || out == second, "a receive got a mix of two messages");
+        if got_first {
+            // The dropped receive had not claimed the first: the second follows.
+            b.recv_into(0, 9, &mut out).await?;
+            assert!(out == second);
+        }
+        hcomm::Result::<()>::Ok(())
+    };
+    let (s, r) = futures::join!(sends, recvs);
+    s.unwrap();
+    r.unwrap();
+    let (x, y) = futures::join!(a.barrier(), b.barrier());
+    x.unwrap();
+    y.unwrap();
+}
+
+/// `HCOMM_TCP_LAND=0` (here `Config::stream.tcp_land`): nothing lands, the same
+/// receives copy out of the reader's buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landing_can_be_turned_off() {
+    let comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = false).await.unwrap();
+    let data = random_bytes(1 << 20, 6);
+    let mut out = vec![0u8; 1 << 20];
+    let (r, s) = futures::join!(comms[1].recv_into(0, 1, &mut out), comms[0].send(1, 1, &data));
+    s.unwrap();
+    r.unwrap();
+    assert!(out == data);
+    assert_eq!(landed(&comms[1]), (0, 0, 0));
 }
