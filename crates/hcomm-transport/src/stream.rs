@@ -1453,9 +1453,8 @@ impl TcpInbox {
 impl hcomm_core::mailbox::PollLink for TcpInbox {
     /// Reads nothing: a receive of a small message gains nothing by reading the
     /// socket itself (the link does not spin, see below, and the reader task reads
-    /// as soon as the socket is readable), and each such poll cost a lock and a parse
-    /// on every receive (measured: 2-14% on small collectives at 4 ranks on 2 cores).
-    /// Only a receive whose message lands reads ([`PollLink::poll_into`]).
+    /// as soon as the socket is readable), and each such poll would cost a lock and a
+    /// parse. Only a receive whose message lands reads ([`PollLink::poll_into`]).
     fn poll(&self) -> bool {
         !self.ended.load(Ordering::Acquire)
     }
