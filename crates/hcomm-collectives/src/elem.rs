@@ -13,6 +13,23 @@ fn check_len<E: Element>(dst: &[E], src: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of copying that count as one unit of tokio's cooperative budget in
+/// [`cooperate`].
+pub const COOP_BYTES: usize = 256 << 10;
+
+/// Takes part in tokio's cooperative budget for `bytes` of copying this poll is about
+/// to do: one unit per [`COOP_BYTES`], yielding (the task deferred, so that the
+/// runtime polls its driver: timers, I/O) once the task's budget is spent. One poll of
+/// a future that joins many large receives (a window of `recv_into`) otherwise copied
+/// every completed one before returning, hundreds of MiB into freshly mapped pages on
+/// one thread, with no heartbeat sent meanwhile. Outside a tokio runtime, and below
+/// [`COOP_BYTES`], it does nothing.
+pub async fn cooperate(bytes: usize) {
+    for _ in 0..bytes / COOP_BYTES {
+        tokio::task::coop::consume_budget().await;
+    }
+}
+
 /// Copies a received payload into `dst`.
 pub fn copy_in<E: Element>(dst: &mut [E], src: &[u8]) -> Result<()> {
     check_len(dst, src)?;

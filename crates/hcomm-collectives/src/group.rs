@@ -468,6 +468,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         let frame = self.recv_frame_via(from, tag, move |key| mailbox.recv_frame_into(key, bytes), |(f, _)| f);
         async move {
             let (f, bytes) = frame.await?;
+            crate::elem::cooperate(bytes.len()).await;
             match &f.remote {
                 // Lent by a shared-memory peer (copied out of its memory), or landed in
                 // `dst` over TCP (what was read elsewhere copied in).

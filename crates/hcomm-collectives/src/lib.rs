@@ -70,7 +70,7 @@ pub use allreduce::{
     AllreduceAlgo, CostModel, HierPlan, Layout, LinkCost, Measured, RING_CHUNK_BYTES, RING_MAX_COLUMNS, Stage, Tuning,
     allreduce, allreduce_signature,
 };
-pub use elem::{copy_in, reduce_in, to_vec};
+pub use elem::{COOP_BYTES, cooperate, copy_in, reduce_in, to_vec};
 pub use exchange::{
     AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo, allgather, allgatherv, bruck_alltoall, pairwise_alltoallv,
     reduce_scatter, reduce_scatter_signature,

@@ -393,6 +393,12 @@ impl Assembler {
         l.received += n;
     }
 
+    /// Whether the bytes next in the stream are the rest of a large fragment (read
+    /// straight into its message), not frame headers or small frames.
+    pub fn in_body(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// The landing whose message the fragment being read belongs to, if it lands.
     pub fn landed_target(&self) -> Option<&Arc<Landing>> {
         let (id, _) = self.direct?;

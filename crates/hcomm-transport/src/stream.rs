@@ -82,7 +82,11 @@ pub struct StreamOptions {
     /// have its message land there: the receive reads the message's bytes from the
     /// socket into its buffer itself, instead of copying them out of a pooled
     /// buffer the connection's reader filled ([`hcomm_core::landing`]). Not used by
-    /// io_uring, TLS, several connections per peer, or shared memory.
+    /// io_uring, TLS, several connections per peer, or shared memory. Off by
+    /// default: measured on 2 ranks it shortens a large ping-pong (0.53-0.91x the
+    /// time at 1-16 MiB) but lengthens some broadcasts (up to 1.95x at 1 MiB), for a
+    /// reason not yet found (BENCHMARKS.md). Only with [`StreamOptions::tcp_spin`] on
+    /// (it is off where ranks outnumber cores).
     pub tcp_land: bool,
 }
 
@@ -122,7 +126,7 @@ impl Default for StreamOptions {
             tcp_spin: DEFAULT_TCP_SPIN,
             link_stall: DEFAULT_LINK_STALL,
             tcp_lend: DEFAULT_TCP_LEND,
-            tcp_land: true,
+            tcp_land: false,
         }
     }
 }
@@ -1297,15 +1301,43 @@ fn recv_spinning(half: &tokio::net::tcp::OwnedReadHalf, dst: &mut [u8], spin: Du
     }
 }
 
-/// Reads per [`TcpInbox::drain`] before it returns (the caller then takes part in
-/// the executor's budget, or a receive checks whether its message came).
+/// Reads into `buf`'s spare capacity, at most `limit` bytes, what the socket holds,
+/// without waiting (one `recv(2)`, not through tokio's readiness; see
+/// [`recv_spinning`]).
+#[allow(unsafe_code)] // recv(2) into spare capacity, then the length set to what it wrote
+fn recv_spare(half: &tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut, limit: usize) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let spare = buf.spare_capacity_mut();
+    let n = spare.len().min(limit);
+    // SAFETY: `spare` is writable memory of at least `n` bytes owned by `buf`; recv(2)
+    // writes at most `n` bytes into it.
+    let got = unsafe { libc::recv(half.as_ref().as_raw_fd(), spare.as_mut_ptr().cast(), n, libc::MSG_DONTWAIT) };
+    if got < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let got = got as usize;
+    // SAFETY: recv(2) initialised the first `got` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + got) };
+    Ok(got)
+}
+
+/// Reads per [`TcpInbox::drain`] of a receive before it returns (and checks whether
+/// its message came).
 const DRAIN_READS: usize = 32;
+
+/// Reads per [`TcpInbox::drain`] of the reader task, which then yields: each yield
+/// lets a current-thread runtime poll its driver, and so fire timers (the heartbeat
+/// writers') and wake on I/O. Under a steady inflow the driver was otherwise polled
+/// only every 61 task polls, each of up to 32 reads of up to 512 KiB into freshly
+/// mapped pages: hundreds of milliseconds without a heartbeat, and peers failed this
+/// rank as hung (`hcomm-bench --ranks 4 --ops bw` at 16 MiB, 4 ranks on 2 cores).
+const READER_READS: usize = 8;
 
 /// What a [`TcpInbox::drain`] did.
 #[derive(Debug, PartialEq, Eq)]
 enum Drained {
-    /// Read something.
-    Some,
+    /// Read something, in this many reads.
+    Some(usize),
     /// Nothing to read now, or someone else holds the parser.
     Nothing,
     /// The next bytes are a landing message's, left to its receive for a while.
@@ -1328,6 +1360,9 @@ pub(crate) struct TcpInbox {
     ended: AtomicBool,
     /// How long a receive reading its own message spins ([`OWNER_SPIN`], or less).
     owner_spin: Duration,
+    /// Whether large messages land in their receive's buffer
+    /// ([`StreamOptions::tcp_land`]); if not, receives never read the socket.
+    land: bool,
 }
 
 impl std::fmt::Debug for TcpInbox {
@@ -1337,21 +1372,25 @@ impl std::fmt::Debug for TcpInbox {
 }
 
 impl TcpInbox {
-    /// With `opts.tcp_land`, large messages may land in their receive's buffer; a
-    /// receive reading its own spins no longer than the reader does
-    /// (`opts.tcp_spin`, which is off where ranks outnumber cores).
+    /// With `opts.tcp_land`, large messages may land in their receive's buffer, if
+    /// the TCP spin is on (`opts.tcp_spin`, off where ranks outnumber cores): a
+    /// receive reading its own message spins no longer than the reader does, and one
+    /// that cannot spin gains nothing (the reader reads nearly all of its message)
+    /// but its reads (a window of 64 receives of 16 MiB, 4 ranks on 2 cores, kept a
+    /// rank from sending heartbeats past the peer timeout once in three sweeps).
     pub(crate) fn new(
         half: tokio::net::tcp::OwnedReadHalf,
         peer: Rank,
         links: Arc<Links>,
         opts: &StreamOptions,
     ) -> TcpInbox {
-        let asm = Mutex::new(match opts.tcp_land {
+        let land = opts.tcp_land && !opts.tcp_spin.is_zero();
+        let asm = Mutex::new(match land {
             true => Assembler::landing(peer, links.mailbox.clone(), links.landed.clone()),
             false => Assembler::new(peer),
         });
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
-        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin }
+        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, land }
     }
 
     /// Whether tokio has seen the socket readable (no system call, no waker kept).
@@ -1363,21 +1402,22 @@ impl TcpInbox {
     /// Reads what the socket holds (without waiting) and delivers the whole messages,
     /// unless someone else holds the parser. With `owner`, the caller is the receive
     /// that offered that landing: bytes of its message go straight into its buffer.
-    fn drain(&self, mut owner: Option<(&Landing, &mut [u8])>) -> Drained {
+    fn drain(&self, mut owner: Option<(&Landing, &mut [u8])>, max_reads: usize) -> Drained {
         if self.ended.load(Ordering::Acquire) || self.links.readers_stopped.load(Ordering::Acquire) {
             return Drained::Ended;
         }
         let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
         let mailbox = &self.links.mailbox;
-        let mut got = false;
+        let mut reads = 0;
         let mut turn = false;
-        for _ in 0..DRAIN_READS {
+        for _ in 0..max_reads {
             match deliver_all(&mut asm, mailbox) {
                 Ok(false) => {}
                 Ok(true) => return self.end(&mut asm, None),
                 Err(e) => return self.end(&mut asm, Some(e.with_peer(self.peer))),
             }
             let mine = owner.as_ref().and_then(|(l, _)| asm.owner_target(l));
+            let is_owner = owner.is_some();
             let res = match (mine, owner.as_mut()) {
                 (Some((at, len)), Some((l, dst))) => {
                     // Spin only while this rank has nothing queued for the peer: on a
@@ -1392,6 +1432,12 @@ impl TcpInbox {
                     }
                     r
                 }
+                // A receive reads its own message's bytes, and headers and small frames
+                // on the way to them, never another message's body: that is the
+                // reader task's work, and a window of receives joined in one task,
+                // each reading on the others' behalf in its first poll, held that task
+                // for up to a gigabyte of reads.
+                _ if is_owner && asm.in_body() => break,
                 _ => {
                     // Another receive's message: its bytes are worth a short wait for
                     // it to read them itself (into its buffer, one copy less), if it
@@ -1407,7 +1453,13 @@ impl TcpInbox {
                         break;
                     }
                     let (mut buf, limit) = asm.read_target();
-                    let r = self.half.try_read_buf(&mut bytes::BufMut::limit(&mut buf, limit));
+                    let r = match is_owner {
+                        // A receive on its way to its message's next fragment: tokio's
+                        // readiness is stale after the receive's own reads (see
+                        // `recv_spinning`), so ask the socket.
+                        true => recv_spare(&self.half, &mut buf, limit),
+                        false => self.half.try_read_buf(&mut bytes::BufMut::limit(&mut buf, limit)),
+                    };
                     asm.filled(buf);
                     r
                 }
@@ -1415,7 +1467,7 @@ impl TcpInbox {
             match res {
                 Ok(0) => return self.end(&mut asm, Some(unannounced_eof(self.peer))),
                 Ok(_) => {
-                    got = true;
+                    reads += 1;
                     self.links.heard_from(self.peer);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -1427,10 +1479,10 @@ impl TcpInbox {
             Ok(true) => return self.end(&mut asm, None),
             Err(e) => return self.end(&mut asm, Some(e.with_peer(self.peer))),
         }
-        match (got, turn) {
-            (true, _) => Drained::Some,
-            (false, true) => Drained::Turn,
-            (false, false) => Drained::Nothing,
+        match (reads, turn) {
+            (1.., _) => Drained::Some(reads),
+            (0, true) => Drained::Turn,
+            (0, false) => Drained::Nothing,
         }
     }
 
@@ -1466,7 +1518,10 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
     }
 
     fn poll_into(&self, landing: &Landing, dst: &mut [u8]) -> bool {
-        self.drain(Some((landing, dst))) != Drained::Ended
+        if !self.land {
+            return self.poll();
+        }
+        self.drain(Some((landing, dst)), DRAIN_READS) != Drained::Ended
     }
 }
 
@@ -1477,14 +1532,14 @@ async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration) {
     inbox.links.heard_from(inbox.peer);
     let mut idle_since: Option<std::time::Instant> = None;
     loop {
-        match inbox.drain(None) {
+        match inbox.drain(None, READER_READS) {
             Drained::Ended => return,
-            Drained::Some => {
+            Drained::Some(_) => {
                 idle_since = None;
-                // A socket that always has data never makes this task wait: take part
-                // in tokio's cooperative budget, so that the executor's other tasks
-                // (the heartbeat writer among them) still run.
-                tokio::task::coop::consume_budget().await;
+                // A socket that always has data never makes this task wait: yield, so
+                // that the executor's other tasks run and its driver is polled (see
+                // `READER_READS`).
+                tokio::task::yield_now().await;
             }
             // A receive reads its own message, or holds the parser: let it.
             Drained::Turn => tokio::task::yield_now().await,

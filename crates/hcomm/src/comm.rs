@@ -726,8 +726,10 @@ impl<T: LocalTransport> Communicator<T> {
     pub fn recv<E: Element>(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Vec<E>>> + '_ {
         let frame = self.post_recv(src, tag);
         async move {
-            let f = self.local(src, frame.await?)?;
+            let f = frame.await?;
             self.check_dtype::<E>(src, &f.header)?;
+            coll::cooperate(f.len()).await;
+            let f = self.local(src, f)?;
             coll::to_vec(&f.payload).map_err(|e| e.with_peer(src).in_op(OpKind::Recv, None).at_rank(self.rank()))
         }
     }
@@ -738,9 +740,9 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Errors
     /// As [`Communicator::recv`], and a mismatch error if the lengths differ.
     ///
-    /// Over a plain TCP connection a message of 64 KiB or more for which this
-    /// receive waits lands in `buf` (`HCOMM_TCP_LAND`): the future reads it from the
-    /// socket into `buf` itself while it is polled, instead of copying it out of a
+    /// With `HCOMM_TCP_LAND=1`, over a plain TCP connection a message of 64 KiB or
+    /// more for which this receive waits lands in `buf`: the future reads it from
+    /// the socket into `buf` itself while it is polled, instead of copying it out of a
     /// buffer the connection's reader filled.
     ///
     /// # Cancel safety
@@ -766,6 +768,7 @@ impl<T: LocalTransport> Communicator<T> {
                     format!("rank {src} sent {} elements into a buffer of {count}", f.header.count),
                 ));
             }
+            coll::cooperate(buf.len()).await;
             let copied = match &f.remote {
                 // Lent by a shared-memory peer: one copy, from its memory into `buf`;
                 // landed in `buf` over TCP: what was read elsewhere, copied in.

@@ -1,7 +1,8 @@
 //! Large messages over plain TCP without copies in user space. Sends lent to the
 //! writer (`StreamOptions::tcp_lend`, `HCOMM_TCP_LEND`): a `send` of a slice of 64 KiB
 //! or more is written straight from the caller's memory instead of a copy made at the
-//! call. Receives that land (`StreamOptions::tcp_land`, `HCOMM_TCP_LAND`): a
+//! call. Receives that land (`StreamOptions::tcp_land`, `HCOMM_TCP_LAND=1`, off by
+//! default): a
 //! `recv_into` of 64 KiB or more posted before its message comes reads it from the
 //! socket into its buffer itself. Every way of receiving on both sides of the
 //! threshold; lent and copied messages under one tag in flight together; a send
@@ -143,7 +144,7 @@ fn landed(c: &Communicator<StreamTransport>) -> (u64, u64, u64) {
 /// element type lands too, and is refused all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_receives_land_in_their_buffer() {
-    let comms = hcomm::local_tcp(2).await.unwrap();
+    let comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = true).await.unwrap();
     let (a, b) = (&comms[0], &comms[1]);
     let sizes = [LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 1_048_583, 3_000_017, 9_000_001];
     for (i, &len) in sizes.iter().enumerate() {
@@ -179,7 +180,7 @@ async fn large_receives_land_in_their_buffer() {
 /// tag gets a whole message, never a mix of two, and the link goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_dropped_while_its_message_lands() {
-    let mut comms = hcomm::local_tcp(2).await.unwrap();
+    let mut comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = true).await.unwrap();
     comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
     let (a, b) = (&comms[0], &comms[1]);
     let len = 64 << 20;
@@ -215,11 +216,11 @@ async fn a_receive_dropped_while_its_message_lands() {
     y.unwrap();
 }
 
-/// `HCOMM_TCP_LAND=0` (here `Config::stream.tcp_land`): nothing lands, the same
-/// receives copy out of the reader's buffers.
+/// Without `HCOMM_TCP_LAND=1` (here `Config::stream.tcp_land`, off by default)
+/// nothing lands: the same receives copy out of the reader's buffers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn landing_can_be_turned_off() {
-    let comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = false).await.unwrap();
+async fn nothing_lands_by_default() {
+    let comms = hcomm::local_tcp(2).await.unwrap();
     let data = random_bytes(1 << 20, 6);
     let mut out = vec![0u8; 1 << 20];
     let (r, s) = futures::join!(comms[1].recv_into(0, 1, &mut out), comms[0].send(1, 1, &data));
