@@ -574,10 +574,12 @@ impl Mailbox {
         key: MatchKey,
         dst: &'a mut [u8],
     ) -> impl Future<Output = Result<(Frame, &'a mut [u8])>> + Send + use<'a> {
-        let landing = (dst.len() >= crate::landing::LANDING_MIN).then(|| Arc::new(Landing::new(dst.len())));
+        let progress = self.progress.get().cloned();
+        // Only a link a receive can poll ever claims a landing.
+        let landing =
+            (dst.len() >= crate::landing::LANDING_MIN && progress.is_some()).then(|| Arc::new(Landing::new(dst.len())));
         let rx = self.post(key, landing.clone());
         let rank = self.rank;
-        let progress = self.progress.get().cloned();
         let owner = landing.map(OwnerGuard);
         async move {
             let frame = match rx {

@@ -1274,48 +1274,48 @@ const TURN_PATIENCE: Duration = Duration::from_micros(200);
 /// before it leaves the socket to the reader task ([`recv_spinning`]).
 const OWNER_SPIN: Duration = Duration::from_micros(50);
 
-/// Reads into `dst` what the socket holds, without waiting, as one `recv(2)`; while
-/// it finds nothing, tries again for up to `spin` (holding the thread, as a blocking
-/// MPI receive does). The system call is made directly, not through tokio's readiness,
-/// which only the executor's I/O driver renews: a receive spinning on this thread
-/// would hold that off and never see the next bytes.
+/// One `recv(2)` of at most `len` bytes into `dst`, without waiting. Made directly,
+/// not through tokio's readiness, which only the executor's I/O driver renews: a
+/// receive reading on this thread (and spinning, see [`recv_spinning`]) would hold that
+/// off and never see the next bytes.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes.
+#[allow(unsafe_code)]
+unsafe fn recv_now(half: &tokio::net::tcp::OwnedReadHalf, dst: *mut u8, len: usize) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the caller's promise.
+    let n = unsafe { libc::recv(half.as_ref().as_raw_fd(), dst.cast(), len, libc::MSG_DONTWAIT) };
+    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// Reads into `dst` what the socket holds ([`recv_now`]); while it finds nothing,
+/// tries again for up to `spin` (holding the thread, as a blocking MPI receive does).
 #[allow(unsafe_code)] // recv(2) into a buffer we hold mutably
 fn recv_spinning(half: &tokio::net::tcp::OwnedReadHalf, dst: &mut [u8], spin: Duration) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    let fd = half.as_ref().as_raw_fd();
     let mut start = None;
     loop {
         // SAFETY: `dst` is a live, exclusively borrowed buffer of `dst.len()` bytes.
-        let n = unsafe { libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), libc::MSG_DONTWAIT) };
-        if n >= 0 {
-            return Ok(n as usize);
+        match unsafe { recv_now(half, dst.as_mut_ptr(), dst.len()) } {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && start.get_or_insert_with(std::time::Instant::now).elapsed() < spin =>
+            {
+                std::hint::spin_loop();
+            }
+            r => return r,
         }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::WouldBlock {
-            return Err(e);
-        }
-        if start.get_or_insert_with(std::time::Instant::now).elapsed() >= spin {
-            return Err(e);
-        }
-        std::hint::spin_loop();
     }
 }
 
-/// Reads into `buf`'s spare capacity, at most `limit` bytes, what the socket holds,
-/// without waiting (one `recv(2)`, not through tokio's readiness; see
-/// [`recv_spinning`]).
+/// Reads into `buf`'s spare capacity, at most `limit` bytes, what the socket holds
+/// ([`recv_now`]).
 #[allow(unsafe_code)] // recv(2) into spare capacity, then the length set to what it wrote
 fn recv_spare(half: &tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut, limit: usize) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
     let spare = buf.spare_capacity_mut();
     let n = spare.len().min(limit);
-    // SAFETY: `spare` is writable memory of at least `n` bytes owned by `buf`; recv(2)
-    // writes at most `n` bytes into it.
-    let got = unsafe { libc::recv(half.as_ref().as_raw_fd(), spare.as_mut_ptr().cast(), n, libc::MSG_DONTWAIT) };
-    if got < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let got = got as usize;
+    // SAFETY: `spare` is writable memory of at least `n` bytes owned by `buf`.
+    let got = unsafe { recv_now(half, spare.as_mut_ptr().cast(), n) }?;
     // SAFETY: recv(2) initialised the first `got` bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + got) };
     Ok(got)
@@ -1407,14 +1407,11 @@ impl TcpInbox {
             return Drained::Ended;
         }
         let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
-        let mailbox = &self.links.mailbox;
         let mut reads = 0;
         let mut turn = false;
         for _ in 0..max_reads {
-            match deliver_all(&mut asm, mailbox) {
-                Ok(false) => {}
-                Ok(true) => return self.end(&mut asm, None),
-                Err(e) => return self.end(&mut asm, Some(e.with_peer(self.peer))),
+            if let Some(ended) = self.deliver(&mut asm) {
+                return ended;
             }
             let mine = owner.as_ref().and_then(|(l, _)| asm.owner_target(l));
             let is_owner = owner.is_some();
@@ -1474,15 +1471,23 @@ impl TcpInbox {
                 Err(e) => return self.end(&mut asm, Some(broken(self.peer, "receiving", e))),
             }
         }
-        match deliver_all(&mut asm, mailbox) {
-            Ok(false) => {}
-            Ok(true) => return self.end(&mut asm, None),
-            Err(e) => return self.end(&mut asm, Some(e.with_peer(self.peer))),
+        if let Some(ended) = self.deliver(&mut asm) {
+            return ended;
         }
         match (reads, turn) {
             (1.., _) => Drained::Some(reads),
             (0, true) => Drained::Turn,
             (0, false) => Drained::Nothing,
+        }
+    }
+
+    /// Delivers the whole messages parsed so far; `Some(Ended)` if the link ended
+    /// (the peer's close frame, or a protocol error).
+    fn deliver(&self, asm: &mut Assembler) -> Option<Drained> {
+        match deliver_all(asm, &self.links.mailbox) {
+            Ok(false) => None,
+            Ok(true) => Some(self.end(asm, None)),
+            Err(e) => Some(self.end(asm, Some(e.with_peer(self.peer)))),
         }
     }
 
