@@ -209,9 +209,16 @@ fn statistics_report_registered_memory() {
     let pattern = dir.join("stats.%r.json").to_string_lossy().into_owned();
     let env =
         [("RDMA_MODE", "stats".to_string()), ("HCOMM_STATS", "1".to_string()), ("HCOMM_STATS_FILE", pattern.clone())];
-    for (r, c) in spawn_ranks("rdma-stats", &env).into_iter().enumerate() {
-        let out = c.wait_with_output().unwrap();
-        assert!(out.status.success(), "rank {r}: {}", String::from_utf8_lossy(&out.stderr));
+    // Every rank's output on a failure, not only the first failed rank's: a rank that
+    // did not close in time fails the others' `finalize`, and its own output says why.
+    let outs: Vec<_> = spawn_ranks("rdma-stats", &env).into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    if outs.iter().any(|o| !o.status.success()) {
+        let all: Vec<String> = outs
+            .iter()
+            .enumerate()
+            .map(|(r, o)| format!("rank {r} ({}):\n{}", o.status, String::from_utf8_lossy(&o.stderr)))
+            .collect();
+        panic!("a rank failed:\n{}", all.join("\n"));
     }
     for r in 0..RANKS {
         let path = pattern.replace("%r", &r.to_string());
