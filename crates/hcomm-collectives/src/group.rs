@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -304,20 +305,52 @@ impl<T: LocalTransport> Group<T> {
         self.transport.mailbox().comm_aborted(self.comm)
     }
 
-    /// Applies the group's deadline to a point-to-point operation.
-    pub async fn p2p_deadline<R>(&self, op: OpKind, peer: usize, fut: impl Future<Output = Result<R>>) -> Result<R> {
-        let mut fut = std::pin::pin!(fut);
-        // Ready at once (a message already there, a send written straight into a
-        // shared-memory ring): no timer to arm.
-        if let std::task::Poll::Ready(r) = futures::poll!(fut.as_mut()) {
-            return r.map_err(|e| e.in_op(op, None).at_rank(self.me));
+    /// Applies the group's deadline to a point-to-point operation: its errors (and the
+    /// timeout) name the operation and this rank, and the timeout `peer` too.
+    pub fn p2p_deadline<F>(&self, op: OpKind, peer: usize, fut: F) -> P2pDeadline<F> {
+        P2pDeadline { fut, timer: None, timeout: self.timeout, op, peer, me: self.me }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future [`Group::p2p_deadline`] returns. A named type of a few words around
+    /// the operation's own future (no `async` block: those kept the operation's
+    /// future twice); the timer is armed, on the heap, only when the operation is
+    /// not ready at its first poll (a message already there, a send written straight
+    /// into a shared-memory ring, a receive whose polling found its message).
+    #[derive(Debug)]
+    pub struct P2pDeadline<F> {
+        #[pin]
+        fut: F,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        timeout: Duration,
+        op: OpKind,
+        peer: usize,
+        me: usize,
+    }
+}
+
+impl<F: Future<Output = Result<R>>, R> Future for P2pDeadline<F> {
+    type Output = Result<R>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<R>> {
+        use std::task::Poll;
+        let this = self.project();
+        let (op, me) = (*this.op, *this.me);
+        if let Poll::Ready(r) = this.fut.poll(cx) {
+            return Poll::Ready(r.map_err(|e| e.in_op(op, None).at_rank(me)));
         }
-        let r = match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::new(ErrorKind::Timeout, format!("no matching message within {:?}", self.timeout))
-                .with_peer(peer)),
-        };
-        r.map_err(|e| e.in_op(op, None).at_rank(self.me))
+        let timeout = *this.timeout;
+        let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Err(Error::new(ErrorKind::Timeout, format!("no matching message within {timeout:?}"))
+                    .with_peer(*this.peer)
+                    .in_op(op, None)
+                    .at_rank(me)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 

@@ -75,7 +75,7 @@ pub use exchange::{
     AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo, allgather, allgatherv, bruck_alltoall, pairwise_alltoallv,
     reduce_scatter, reduce_scatter_signature,
 };
-pub use group::{DEFAULT_STALL_WARN, Group, OpCtx};
+pub use group::{DEFAULT_STALL_WARN, Group, OpCtx, P2pDeadline};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
 pub use scan::scan;
 

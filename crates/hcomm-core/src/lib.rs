@@ -18,7 +18,7 @@ pub mod wire;
 pub use auth::JobKey;
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
-pub use mailbox::{Frame, Mailbox, MatchKey, RemotePayload};
+pub use mailbox::{Frame, Mailbox, MatchKey, RecvFrame, RecvFrameInto, RemotePayload};
 pub use op::{OpKind, Signature};
 pub use transport::{LocalTransport, Transport};
 pub use wire::{FrameKind, Header};

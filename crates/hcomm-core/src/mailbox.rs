@@ -322,11 +322,117 @@ pub const LOAN_COMM: u64 = u64::MAX;
 
 /// Tells a receive's landing that the receive is gone, when its future is dropped (or
 /// done).
+#[derive(Debug)]
 struct OwnerGuard(Arc<Landing>);
 
 impl Drop for OwnerGuard {
     fn drop(&mut self) {
         self.0.drop_owner();
+    }
+}
+
+/// A posted receive: the future [`Mailbox::recv_frame`] returns. A named type with a
+/// few words of state (not an `async` block), since every point-to-point receive and
+/// every step of a collective holds one, and awaiting moves it.
+#[derive(Debug)]
+pub struct RecvFrame {
+    /// `Err`: the receive waits; `Ok`: its outcome was known at the post. `None` once
+    /// the outcome was returned.
+    posted: Option<std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>>>,
+    src: Rank,
+    rank: Rank,
+    progress: Option<Arc<Progress>>,
+    /// The landing this receive offered, if any ([`RecvFrame::poll_into`]).
+    owner: Option<OwnerGuard>,
+}
+
+impl RecvFrame {
+    /// Polls the receive; `dst` is the buffer it offered as a landing
+    /// ([`Mailbox::recv_frame_into`]), which a link may read into during this call.
+    ///
+    /// # Panics
+    /// If polled again after it returned `Ready`.
+    pub fn poll_into(&mut self, cx: &mut std::task::Context<'_>, dst: &mut [u8]) -> Poll<Result<Frame>> {
+        let rx = match self.posted.take().expect("a receive polled after it completed") {
+            Ok(ready) => return Poll::Ready(ready),
+            Err(rx) => self.posted.insert(Err(rx)),
+        };
+        let Err(rx) = rx else { unreachable!("inserted as Err") };
+        let rank = self.rank;
+        let closed = || Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank);
+        // The link first, and the waker registered only if that brought nothing: a
+        // message the poll itself reads is taken without a wake-up of this task (which
+        // registering first would cost).
+        if let Some(p) = &self.progress {
+            let polled = match &self.owner {
+                Some(OwnerGuard(l)) => poll_link(p, self.src, rx, |link| link.poll_into(l, dst)),
+                None => poll_link(p, self.src, rx, |link| link.poll()),
+            };
+            if let Some(r) = polled {
+                self.posted = None;
+                return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
+            }
+        }
+        if let Some(OwnerGuard(l)) = &self.owner {
+            l.set_waker(cx.waker());
+        }
+        match Pin::new(rx).poll(cx) {
+            Poll::Ready(r) => {
+                self.posted = None;
+                Poll::Ready(r.unwrap_or_else(|_| Err(closed())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Future for RecvFrame {
+    type Output = Result<Frame>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Result<Frame>> {
+        // No landing was offered: nothing is read into `dst`.
+        self.poll_into(cx, &mut [])
+    }
+}
+
+/// The future [`Mailbox::recv_frame_into`] returns: the frame, and the buffer back.
+#[derive(Debug)]
+pub struct RecvFrameInto<'a> {
+    frame: RecvFrame,
+    dst: Option<&'a mut [u8]>,
+}
+
+impl<'a> RecvFrameInto<'a> {
+    /// Polls the receive, as its `Future` implementation does, but keeps the buffer
+    /// (for a caller that holds this future by value and takes the buffer with
+    /// [`RecvFrameInto::into_dst`] once it is ready).
+    ///
+    /// # Panics
+    /// If polled again after it returned `Ready`.
+    pub fn poll_frame(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<Frame>> {
+        let dst = self.dst.as_deref_mut().expect("the buffer is here until the receive is done");
+        self.frame.poll_into(cx, dst)
+    }
+
+    /// The buffer (once [`poll_frame`](RecvFrameInto::poll_frame) returned `Ready`).
+    pub fn into_dst(mut self) -> &'a mut [u8] {
+        self.dst.take().expect("the buffer is taken once")
+    }
+}
+
+impl<'a> Future for RecvFrameInto<'a> {
+    type Output = Result<(Frame, &'a mut [u8])>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let dst = this.dst.as_deref_mut().expect("a receive polled after it completed");
+        match this.frame.poll_into(cx, dst) {
+            Poll::Ready(r) => {
+                let dst = this.dst.take().expect("checked above");
+                Poll::Ready(r.map(|f| (f, dst)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -526,30 +632,13 @@ impl Mailbox {
     ///
     /// # Cancel safety
     /// As [`Mailbox::recv`].
-    pub fn recv_frame(&self, key: MatchKey) -> impl Future<Output = Result<Frame>> + Send + use<> {
-        let rx = self.post(key, None);
-        let rank = self.rank;
-        let progress = self.progress.get().cloned();
-        async move {
-            match rx {
-                Ok(ready) => ready,
-                Err(mut rx) => {
-                    let closed =
-                        || Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank);
-                    std::future::poll_fn(|cx| {
-                        // The link first, and the waker registered only if that brought
-                        // nothing: a message the poll itself reads is taken without a
-                        // wake-up of this task (which registering first would cost).
-                        if let Some(p) = &progress
-                            && let Some(r) = poll_link(p, key.src, &mut rx, |l| l.poll())
-                        {
-                            return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
-                        }
-                        Pin::new(&mut rx).poll(cx).map(|r| r.unwrap_or_else(|_| Err(closed())))
-                    })
-                    .await
-                }
-            }
+    pub fn recv_frame(&self, key: MatchKey) -> RecvFrame {
+        RecvFrame {
+            posted: Some(self.post(key, None)),
+            src: key.src,
+            rank: self.rank,
+            progress: self.progress.get().cloned(),
+            owner: None,
         }
     }
 
@@ -569,44 +658,15 @@ impl Mailbox {
     /// receive: dropping the future loses it, and `dst` holds part of it.
     ///
     /// [`LANDING_MIN`]: crate::landing::LANDING_MIN
-    pub fn recv_frame_into<'a>(
-        &self,
-        key: MatchKey,
-        dst: &'a mut [u8],
-    ) -> impl Future<Output = Result<(Frame, &'a mut [u8])>> + Send + use<'a> {
+    pub fn recv_frame_into<'a>(&self, key: MatchKey, dst: &'a mut [u8]) -> RecvFrameInto<'a> {
         let progress = self.progress.get().cloned();
         // Only a link a receive can poll ever claims a landing.
         let landing =
             (dst.len() >= crate::landing::LANDING_MIN && progress.is_some()).then(|| Arc::new(Landing::new(dst.len())));
-        let rx = self.post(key, landing.clone());
-        let rank = self.rank;
-        let owner = landing.map(OwnerGuard);
-        async move {
-            let frame = match rx {
-                Ok(ready) => ready,
-                Err(mut rx) => {
-                    let closed =
-                        || Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank);
-                    std::future::poll_fn(|cx| {
-                        if let Some(p) = &progress {
-                            let polled = match &owner {
-                                Some(OwnerGuard(l)) => poll_link(p, key.src, &mut rx, |link| link.poll_into(l, dst)),
-                                None => poll_link(p, key.src, &mut rx, |link| link.poll()),
-                            };
-                            if let Some(r) = polled {
-                                return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
-                            }
-                        }
-                        if let Some(OwnerGuard(l)) = &owner {
-                            l.set_waker(cx.waker());
-                        }
-                        Pin::new(&mut rx).poll(cx).map(|r| r.unwrap_or_else(|_| Err(closed())))
-                    })
-                    .await
-                }
-            };
-            frame.map(|f| (f, dst))
-        }
+        let posted = self.post(key, landing.clone());
+        let frame =
+            RecvFrame { posted: Some(posted), src: key.src, rank: self.rank, progress, owner: landing.map(OwnerGuard) };
+        RecvFrameInto { frame, dst: Some(dst) }
     }
 
     #[allow(clippy::type_complexity)]

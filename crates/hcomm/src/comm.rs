@@ -613,36 +613,34 @@ impl<T: LocalTransport> Communicator<T> {
 
     /// A send of `len` bytes with signature `sig`, which `start` queues to the world
     /// rank it is given under the header it is given (at the call).
-    fn send_via<'a, F: Future<Output = Result<()>> + 'a>(
-        &'a self,
+    fn send_via<F: Future<Output = Result<()>>>(
+        &self,
         dst: usize,
         tag: Tag,
         sig: Signature,
         len: usize,
         start: impl FnOnce(usize, Header) -> F,
-    ) -> impl Future<Output = Result<()>> + 'a {
+    ) -> Sent<F> {
         let start_time = events::Stopwatch::start();
         let me = self.group.world_rank(self.rank());
         let aborted = self.group.aborted().map_or(Ok(()), |e| Err(e.in_op(OpKind::Send, None).at_rank(self.rank())));
         let queued = aborted.and_then(|()| self.check_peer(dst, OpKind::Send)).map(|world| {
             events::message(me as u32, world as u32, OpKind::Send, true, len as u64, Duration::ZERO);
             let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, len);
-            (world, start(world, h))
+            (world, self.group.p2p_deadline(OpKind::Send, dst, start(world, h)))
         });
-        let (start, len) = (start_time, len as u64);
-        async move {
-            let (world, fut) = queued?;
-            let r = self.group.p2p_deadline(OpKind::Send, dst, fut).await;
-            p2p_done(me, OpKind::Send, world, len, start, r.is_ok());
-            r
-        }
+        let (world, op, err) = match queued {
+            Ok((world, op)) => (world, Some(op), None),
+            Err(e) => (0, None, Some(e)),
+        };
+        Sent { op, err, me, world, len: len as u64, start: start_time }
     }
 
     /// Posts a receive; the frame may come with its payload still in the sender's
     /// memory ([`Frame::remote`]), for the caller to copy where it goes.
-    fn post_recv(&self, src: usize, tag: Tag) -> impl Future<Output = Result<Frame>> + '_ {
-        let mailbox = self.group.transport().mailbox().clone();
-        self.post_recv_via(src, tag, move |key| mailbox.recv_frame(key), |f| f)
+    fn post_recv(&self, src: usize, tag: Tag) -> Received<'_, T, hcomm_core::RecvFrame> {
+        let mailbox = self.group.transport().mailbox();
+        self.post_recv_via(src, tag, |key| mailbox.recv_frame(key))
     }
 
     /// A receive that [`Mailbox::recv_frame_into`] posts, with `dst` offered for the
@@ -652,48 +650,30 @@ impl<T: LocalTransport> Communicator<T> {
         src: usize,
         tag: Tag,
         dst: &'a mut [u8],
-    ) -> impl Future<Output = Result<(Frame, &'a mut [u8])>> + 'a {
-        let mailbox = self.group.transport().mailbox().clone();
-        self.post_recv_via(src, tag, move |key| mailbox.recv_frame_into(key, dst), |(f, _)| f)
+    ) -> Received<'a, T, hcomm_core::RecvFrameInto<'a>> {
+        let mailbox = self.group.transport().mailbox();
+        self.post_recv_via(src, tag, |key| mailbox.recv_frame_into(key, dst))
     }
 
     /// Posts the receive `start` makes for the key of (`src`, `tag`), at the call,
     /// under the communicator's deadline, with its statistics, and checks that what
-    /// comes (`frame` of it) is a message.
-    fn post_recv_via<'a, R: 'a, F: Future<Output = Result<R>> + 'a>(
-        &'a self,
+    /// comes is a message.
+    fn post_recv_via<F: Future<Output = Result<R>> + Unpin, R: HasFrame>(
+        &self,
         src: usize,
         tag: Tag,
         start: impl FnOnce(MatchKey) -> F,
-        frame: impl Fn(&R) -> &Frame + 'a,
-    ) -> impl Future<Output = Result<R>> + 'a {
+    ) -> Received<'_, T, F> {
         let start_time = events::Stopwatch::start();
         let posted = self.check_peer(src, OpKind::Recv).map(|world| {
             let key = MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag };
-            (world, start(key))
+            (world, self.group.p2p_deadline(OpKind::Recv, src, start(key)))
         });
-        async move {
-            let (world, fut) = posted?;
-            let start = start_time;
-            let me = self.group.world_rank(self.rank());
-            let r = self.group.p2p_deadline(OpKind::Recv, src, fut).await;
-            let len = r.as_ref().map_or(0, |f| frame(f).len() as u64);
-            if r.is_ok() {
-                events::message(me as u32, world as u32, OpKind::Recv, false, len, start.elapsed());
-            }
-            p2p_done(me, OpKind::Recv, world, len, start, r.is_ok());
-            let got = r?;
-            let frame = frame(&got);
-            let dtype = frame.header.dtype;
-            if frame.header.op != OpKind::Send || dtype.is_none() {
-                return Err(self.recv_error(
-                    ErrorKind::Protocol,
-                    src,
-                    format!("rank {src} sent a {} frame as a message", frame.header.op),
-                ));
-            }
-            Ok(got)
-        }
+        let (world, op, err) = match posted {
+            Ok((world, op)) => (world, Some(op), None),
+            Err(e) => (0, None, Some(e)),
+        };
+        Received { comm: self, src, world, start: start_time, op, err }
     }
 
     fn recv_error(&self, kind: ErrorKind, src: usize, msg: String) -> Error {
@@ -1288,4 +1268,95 @@ fn mean_bytes<E: Element>(counts: &[usize]) -> usize {
 /// The signature of a point-to-point message of `count` elements of `dtype`.
 fn p2p_signature(dtype: DType, count: usize) -> Signature {
     Signature { op: OpKind::Send, dtype: Some(dtype), reduce: None, count: count as u64, root: None, algo: 0 }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of a point-to-point send ([`Communicator::send`],
+    /// [`Communicator::send_bytes`]): the transport's send under the deadline, and its
+    /// statistics when it ends. A named type, so that the transport's future is held
+    /// once (an `async` block kept it twice, and a `send` future was 744 bytes).
+    struct Sent<F> {
+        #[pin]
+        op: Option<coll::P2pDeadline<F>>,
+        // Why the send failed at the call (`op` is `None`).
+        err: Option<Error>,
+        me: usize,
+        world: usize,
+        len: u64,
+        start: events::Stopwatch,
+    }
+}
+
+impl<F: Future<Output = Result<()>>> Future for Sent<F> {
+    type Output = Result<()>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
+        let this = self.project();
+        let Some(op) = this.op.as_pin_mut() else {
+            return std::task::Poll::Ready(Err(this.err.take().expect("a send polled after it completed")));
+        };
+        let r = std::task::ready!(op.poll(cx));
+        p2p_done(*this.me, OpKind::Send, *this.world, *this.len, *this.start, r.is_ok());
+        std::task::Poll::Ready(r)
+    }
+}
+
+/// What a receive's future yields that holds its frame.
+trait HasFrame {
+    fn frame(&self) -> &Frame;
+}
+
+impl HasFrame for Frame {
+    fn frame(&self) -> &Frame {
+        self
+    }
+}
+
+impl HasFrame for (Frame, &mut [u8]) {
+    fn frame(&self) -> &Frame {
+        &self.0
+    }
+}
+
+/// The future of a posted point-to-point receive ([`Communicator::post_recv_via`]):
+/// the mailbox's receive under the deadline, its statistics, and the check that
+/// what came is a message. A named type for the reason [`Sent`] is one.
+struct Received<'a, T: LocalTransport, F> {
+    comm: &'a Communicator<T>,
+    src: usize,
+    world: usize,
+    start: events::Stopwatch,
+    op: Option<coll::P2pDeadline<F>>,
+    // Why the receive failed at the call (`op` is `None`).
+    err: Option<Error>,
+}
+
+impl<T: LocalTransport, F: Future<Output = Result<R>> + Unpin, R: HasFrame> Future for Received<'_, T, F> {
+    type Output = Result<R>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<R>> {
+        let this = &mut *self;
+        let Some(op) = this.op.as_mut() else {
+            return std::task::Poll::Ready(Err(this.err.take().expect("a receive polled after it completed")));
+        };
+        let r = std::task::ready!(std::pin::Pin::new(op).poll(cx));
+        let (comm, src, world) = (this.comm, this.src, this.world);
+        let me = comm.group.world_rank(comm.rank());
+        let len = r.as_ref().map_or(0, |f| f.frame().len() as u64);
+        if r.is_ok() {
+            events::message(me as u32, world as u32, OpKind::Recv, false, len, this.start.elapsed());
+        }
+        p2p_done(me, OpKind::Recv, world, len, this.start, r.is_ok());
+        let got = r?;
+        let frame = got.frame();
+        if frame.header.op != OpKind::Send || frame.header.dtype.is_none() {
+            return std::task::Poll::Ready(Err(comm.recv_error(
+                ErrorKind::Protocol,
+                src,
+                format!("rank {src} sent a {} frame as a message", frame.header.op),
+            )));
+        }
+
+        std::task::Poll::Ready(Ok(got))
+    }
 }
