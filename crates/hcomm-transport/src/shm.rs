@@ -30,6 +30,20 @@
 //!   is polled, and, with [`ShmOptions::poll`] (`HCOMM_SHM_POLL_US`), keeps polling
 //!   inside its poll for that long, as a blocking MPI receive does.
 //!
+//! *Boxed lines* for the smallest messages (up to 16 bytes, `BOX_MAX`, as
+//! OpenMPI's "fast boxes"): a direct send writes the message on one cache line of its
+//! own, its last 8 bytes a *stamp* (the line's stream position mixed with a random
+//! key of the ring), stored after the rest of the line and before the writer's
+//! counter. A reader at a line start checks the stamp before the counter, and takes
+//! a line stamped for its position without reading the counter: the message costs
+//! the reader one cache line from the writer's core instead of two in a row (the
+//! counter's, then the line's). A line left from an earlier lap carries another
+//! position's stamp, and a fresh ring's zeroed lines none (the key is never zero).
+//! The counter still covers every line, so a reader that finds a boxed line
+//! through it (or after other bytes, in the parser's buffer) reads it as a frame.
+//! Short frames that fit a line are padded to its end, so that the writer does not
+//! come back to a line the reader holds to pad it before the next frame.
+//!
 //! *Single copy for large messages* (Linux cross-memory attach, as OpenMPI's and
 //! MPICH's shared-memory paths do): a data message of [`ShmOptions::pull_min`] bytes
 //! or more does not go through the ring. The sender *lends* it: it writes a *pull*
@@ -92,7 +106,7 @@ use hcomm_core::wire::{FrameKind, Header, MAX_MESSAGE, PAD, SHORT_LEN, SHORT_MAG
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use parking_lot::Mutex;
 
-use crate::framing::{Assembler, Outgoing};
+use crate::framing::{Assembler, BOX_LINE, BOX_MAGIC, BOX_MAX, Outgoing, decode_box};
 use crate::stream::{Links, WriteLink, unannounced_eof};
 
 /// Directory of the ring files.
@@ -126,9 +140,14 @@ const TAIL: usize = 64;
 const READER_WAITS: usize = 128;
 /// 1 while the writer waits for space.
 const WRITER_WAITS: usize = 192;
+/// The key of the ring's line stamps ([`Ring::push_box`]), random per ring, set by the
+/// side that creates the ring file.
+const STAMP_KEY: usize = 224;
 /// 1 once the writer's process has let go of the memory it lent (its side of the link
 /// is gone): a message pulled after that may hold anything (see [`Pulled`]).
 const LENDER_GONE: usize = 160;
+
+const _: () = assert!(BOX_LINE == LINE);
 
 const DOORBELL_DATA: u8 = 1;
 const DOORBELL_SPACE: u8 = 2;
@@ -150,6 +169,8 @@ struct Ring {
     /// and the shared counter (whose cache line the reader writes on every read) is
     /// read again only when that room is not enough.
     tail_seen: AtomicU64,
+    /// [`STAMP_KEY`]'s value.
+    key: u64,
 }
 
 impl std::fmt::Debug for Ring {
@@ -174,7 +195,9 @@ impl Ring {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "ring file of the wrong size"));
         }
         let base = map.as_mut_ptr();
-        Ok(Ring { _map: map, base, cap, tail_seen: AtomicU64::new(0) })
+        let mut ring = Ring { _map: map, base, cap, tail_seen: AtomicU64::new(0), key: 0 };
+        ring.key = ring.u64_at(STAMP_KEY).load(Ordering::Acquire);
+        Ok(ring)
     }
 
     /// Where stream position `pos` lies in the data region (the capacity is a power of
@@ -184,7 +207,7 @@ impl Ring {
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is one of the header offsets, 64-byte aligned within the
+        // SAFETY: `off` is one of the header offsets, 8-byte aligned within the
         // page-aligned mapping.
         unsafe { &*self.base.add(off).cast::<AtomicU64>() }
     }
@@ -207,7 +230,9 @@ impl Ring {
         // of the reading side advances it, and the writer's counter, read after, is
         // then at least as far.
         let tail = self.u64_at(TAIL).load(Ordering::Acquire);
-        (self.u64_at(HEAD).load(Ordering::Acquire) - tail) as usize
+        // Saturating: the reader may have taken a boxed line whose stamp it saw
+        // before the writer's counter that covers it.
+        self.u64_at(HEAD).load(Ordering::Acquire).saturating_sub(tail) as usize
     }
 
     fn writable(&self) -> usize {
@@ -261,6 +286,46 @@ impl Ring {
         self.u64_at(HEAD).store(head, Ordering::Release);
     }
 
+    /// The stamp word of the line at data offset `at` (a line start).
+    fn stamp(&self, at: usize) -> &AtomicU64 {
+        // SAFETY: `at` is a line start in the data region (which starts on a line of
+        // the page-aligned mapping), so the last 8 bytes of its line are in the region
+        // and 8-byte aligned.
+        unsafe { &*self.base.add(DATA + at + LINE - 8).cast::<AtomicU64>() }
+    }
+
+    /// Writer: `pad` bytes of padding up to a line start, then `line` as a whole line
+    /// whose last 8 bytes are its stamp (its stream position mixed with the ring's
+    /// key), stored after the rest of the line and before the writer's counter. The
+    /// reader can then find the line by polling its stamp ([`Ring::boxed`]): a
+    /// message that fits one line costs the reader one cache line from the writer's
+    /// core, not two (the counter's, then the line's, one after the other). The caller
+    /// has checked that it fits.
+    fn push_box(&self, pad: usize, line: &[u8; LINE - 8]) {
+        let head = self.u64_at(HEAD).load(Ordering::Relaxed);
+        let pos = head + pad as u64;
+        debug_assert_eq!(pos % LINE as u64, 0, "a boxed line starts a line");
+        let at = self.at(pos);
+        // SAFETY: the padding lies between `head` and the line start, in the same line
+        // (so it does not wrap), and the line in the data region (the capacity is a
+        // multiple of a line), in the part the reader has released.
+        unsafe {
+            let data = self.base.add(DATA);
+            std::ptr::write_bytes(data.add(self.at(head)), PAD, pad);
+            std::ptr::copy_nonoverlapping(line.as_ptr(), data.add(at), line.len());
+        }
+        self.stamp(at).store(pos ^ self.key, Ordering::Release);
+        self.u64_at(HEAD).store(pos + LINE as u64, Ordering::Release);
+    }
+
+    /// Reader: whether the line at the reader's position is a boxed line the writer
+    /// has stamped for this position (and therefore finished), whatever the writer's
+    /// counter says yet.
+    fn boxed(&self) -> bool {
+        let tail = self.u64_at(TAIL).load(Ordering::Relaxed);
+        tail % LINE as u64 == 0 && self.stamp(self.at(tail)).load(Ordering::Acquire) == tail ^ self.key
+    }
+
     /// Reader: copies up to `len` bytes to `dst`; returns how many.
     ///
     /// # Safety
@@ -270,6 +335,20 @@ impl Ring {
         let n = unsafe { self.peek(dst, len) };
         self.skip(n);
         n
+    }
+
+    /// Reader: copies the first `LINE - 8` bytes of the line at the reader's position
+    /// (a line start), whether or not the writer's counter covers it yet.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `LINE - 8` bytes of writes, and the line stamped
+    /// ([`Ring::boxed`]).
+    unsafe fn peek_line(&self, dst: *mut u8) {
+        let at = self.at(self.u64_at(TAIL).load(Ordering::Relaxed));
+        // SAFETY: the line lies in the data region (`at` is a line start); the writer
+        // finished it before its stamp (caller) and does not touch it again until the
+        // reader's counter passes it.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(DATA + at), dst, LINE - 8) };
     }
 
     /// Reader: copies up to `len` bytes to `dst` without taking them out of the ring;
@@ -483,7 +562,12 @@ fn create_ring(job: u64, me: usize, peer: usize, cap: usize) -> io::Result<(Ring
     let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
     let ring = file.set_len((DATA + cap) as u64).and_then(|()| Ring::map(&file, cap));
     match ring {
-        Ok(r) => Ok((r, path)),
+        Ok(mut r) => {
+            // Never zero: a fresh ring's zeroed lines must not look stamped.
+            r.key = rand_u64() | 1;
+            r.u64_at(STAMP_KEY).store(r.key, Ordering::Release);
+            Ok((r, path))
+        }
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             Err(e)
@@ -773,7 +857,9 @@ impl ShmInbox {
         if self.links.readers_stopped.load(Ordering::Acquire) {
             return Drained::Ended;
         }
-        if self.ring.readable() == 0 {
+        // The stamp first: a boxed line is then taken with one cache line from the
+        // writer's core (see `Ring::push_box`).
+        if !self.ring.boxed() && self.ring.readable() == 0 {
             return Drained::Nothing;
         }
         let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
@@ -781,11 +867,17 @@ impl ShmInbox {
         loop {
             if asm.idle() {
                 match self.short_frames() {
-                    Ok(0) => {}
-                    Ok(_) => {
+                    Ok((0, _)) => {}
+                    Ok((_, boxed)) => {
                         got = true;
                         if wakes(self.ring.u32_at(WRITER_WAITS)) {
                             self.bell.ring(DOORBELL_SPACE);
+                        }
+                        // Stopped after boxed lines: what follows, if anything, is for
+                        // the next drain (reading the writer's counter now would wait
+                        // for its cache line, just written by the other core).
+                        if boxed {
+                            break;
                         }
                     }
                     Err(e) => {
@@ -840,10 +932,22 @@ impl ShmInbox {
     /// the mailbox, as long as the ring holds them whole (the writer publishes each
     /// at once); stops at anything else, for the parser, which must hold no bytes
     /// (see [`Assembler::idle`]). The common case of a small message takes no copy
-    /// into the parser's buffer and no split of it. Returns how many bytes it took.
-    fn short_frames(&self) -> Result<usize> {
+    /// into the parser's buffer and no split of it. Boxed lines ([`Ring::push_box`])
+    /// are taken by their stamps; after them, it stops without reading the writer's
+    /// counter. Returns how many bytes it took, and whether it stopped so.
+    fn short_frames(&self) -> Result<(usize, bool)> {
         let mut taken = 0;
+        let mut boxed = false;
         loop {
+            if self.ring.boxed() {
+                self.take_box()?;
+                taken += LINE;
+                boxed = true;
+                continue;
+            }
+            if boxed {
+                return Ok((taken, true));
+            }
             let mut head = [0u8; SHORT_LEN];
             // SAFETY: `head` is valid for its length.
             let k = unsafe { self.ring.peek(head.as_mut_ptr(), SHORT_LEN) };
@@ -854,12 +958,12 @@ impl ShmInbox {
                 continue;
             }
             if k < SHORT_LEN || head[0] != SHORT_MAGIC {
-                return Ok(taken);
+                return Ok((taken, false));
             }
             let h = Header::decode_short(&head, self.peer as u32).map_err(|e| protocol(e.to_string()))?;
             let len = h.frag_len as usize;
             if self.ring.readable() < SHORT_LEN + len {
-                return Ok(taken);
+                return Ok((taken, false));
             }
             self.ring.skip(SHORT_LEN);
             let mut payload = BytesMut::with_capacity(len);
@@ -873,6 +977,19 @@ impl ShmInbox {
             self.links.mailbox.deliver(Frame::new(h, payload.freeze()));
             taken += SHORT_LEN + len;
         }
+    }
+
+    /// Takes the boxed line at the reader's position ([`Ring::boxed`] said it is
+    /// there) and delivers its message.
+    fn take_box(&self) -> Result<()> {
+        let mut line = [0u8; LINE - 8];
+        // SAFETY: `line` is valid for its length; the line is whole (stamped), and
+        // `peek_line` reads it whatever the writer's counter says.
+        unsafe { self.ring.peek_line(line.as_mut_ptr()) };
+        let f = decode_box(&line, self.peer)?;
+        self.ring.skip(LINE);
+        self.links.mailbox.deliver(f);
+        Ok(())
     }
 
     /// Delivers every complete message in `asm`, lent ones as frames whose payload is
@@ -1144,22 +1261,50 @@ impl ShmOut {
             // A small data message as a short frame, kept inside one cache line of the
             // ring (padding before it if it would straddle two): the reader then takes
             // one line from this core's cache, not two or three.
+            let at = (self.ring.written() % LINE as u64) as usize;
+            // Padding up to the next line start, if not on one.
+            let to_line = (LINE - at) % LINE;
             let (short, full);
-            let (head, pad): (&[u8], usize) = match whole.encode_short() {
+            let (head, pad, after): (&[u8], usize, usize) = match whole.encode_short() {
+                // One line, with its stamp: see `Ring::push_box`.
+                Some(b) if len <= BOX_MAX => {
+                    let need = to_line + LINE;
+                    if self.ring.room(need) >= need {
+                        let mut line = [0u8; LINE - 8];
+                        line[..SHORT_LEN].copy_from_slice(&b);
+                        line[0] = BOX_MAGIC;
+                        line[SHORT_LEN..SHORT_LEN + len].copy_from_slice(payload);
+                        self.ring.push_box(to_line, &line);
+                        drop(busy);
+                        self.published();
+                        return true;
+                    }
+                    short = b;
+                    (&short, 0, 0)
+                }
+                // A short frame that fits in a line goes on one line of its own,
+                // padded to its end (then the next frame's line is a fresh one, and
+                // the writer does not come back to this one for padding before it):
+                // the reader takes one line from this core's cache, not two or three.
                 Some(b) => {
                     short = b;
-                    let at = (self.ring.written() % LINE as u64) as usize;
-                    let fits = SHORT_LEN + len <= LINE && at + SHORT_LEN + len > LINE;
-                    (&short, if fits { LINE - at } else { 0 })
+                    let frame = SHORT_LEN + len;
+                    if frame > LINE {
+                        (&short, 0, 0)
+                    } else if at + frame > LINE {
+                        (&short, to_line, (LINE - frame % LINE) % LINE)
+                    } else {
+                        (&short, 0, (LINE - (at + frame) % LINE) % LINE)
+                    }
                 }
                 None => {
                     full = whole.encode();
-                    (&full, 0)
+                    (&full, 0, 0)
                 }
             };
-            let need = pad + head.len() + len;
+            let need = pad + head.len() + len + after;
             if self.ring.room(need) >= need {
-                self.ring.push_parts(&[&[PAD; LINE][..pad], head, payload]);
+                self.ring.push_parts(&[&[PAD; LINE][..pad], head, payload, &[PAD; LINE][..after]]);
                 drop(busy);
                 self.published();
                 return true;
@@ -1685,5 +1830,75 @@ mod tests {
         // so no message yet).
         assert_eq!(sp.inbox.drain(), Drained::Some);
         assert_eq!(sp.inbox.ring.readable(), 0);
+    }
+
+    /// Sends `sizes` straight into the ring (one tag each, from `tag0`), draining in
+    /// between where `drain_after` says, and checks that every message arrives whole;
+    /// returns the ring's bytes written.
+    async fn send_sizes(sp: &Split, links: &Links, tag0: u32, sizes: &[usize], drain_after: &[usize]) -> u64 {
+        let datas: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| random_bytes(n, 7 + i as u64)).collect();
+        let recvs: Vec<_> = (0..sizes.len()).map(|i| links.mailbox.recv_frame(key(tag0 + i as u32))).collect();
+        for (i, d) in datas.iter().enumerate() {
+            let sent = sp.out.send_slice(data_header(tag0 + i as u32, d.len()), d, |_| panic!("queued"));
+            assert!(sent, "written straight into the ring");
+            if drain_after.contains(&i) {
+                assert_eq!(sp.inbox.drain(), Drained::Some);
+            }
+        }
+        while sp.inbox.drain() == Drained::Some {}
+        for ((r, d), i) in recvs.into_iter().zip(&datas).zip(0..) {
+            let f = r.await.unwrap();
+            assert_eq!(&f.payload[..], &d[..], "message {i} of {} bytes", d.len());
+        }
+        sp.out.ring.written()
+    }
+
+    /// Messages of up to `BOX_MAX` bytes go as one stamped line each, on a line of
+    /// their own, and arrive whole and in order, read one by one or several at once,
+    /// as the ring wraps. (The parser's side, boxed lines in its buffer, is tested
+    /// with the framing.)
+    #[tokio::test]
+    async fn small_messages_go_as_stamped_lines() {
+        let (sp, links) = looped().await;
+        // Each alone: one line each (the first at the ring's start).
+        let written = send_sizes(&sp, &links, 100, &[0, 1, 8, BOX_MAX], &[0, 1, 2, 3]).await;
+        assert_eq!(written, 4 * LINE as u64);
+        assert_eq!(sp.inbox.ring.readable(), 0);
+        // Not line-aligned any more after a short frame of 25 bytes padded to its
+        // line's end? It is: short frames that fit a line are padded to its end.
+        let written = send_sizes(&sp, &links, 200, &[BOX_MAX + 1, 3], &[0, 1]).await;
+        assert_eq!(written, 6 * LINE as u64);
+        // After a frame that ends mid-line, a boxed line starts on the next line.
+        let big = 1000;
+        let w0 = sp.out.ring.written();
+        send_sizes(&sp, &links, 300, &[big, 5], &[]).await;
+        let after_big = w0 + (SHORT_LEN + big) as u64;
+        assert_eq!(sp.out.ring.written(), after_big.next_multiple_of(LINE as u64) + LINE as u64);
+        // Several at once.
+        send_sizes(&sp, &links, 400, &[2000, 2, 16, 30, 9, 0], &[]).await;
+        // Mixed, read as they come.
+        for round in 0..8 {
+            send_sizes(&sp, &links, 500 + 10 * round, &[7, 3000, 16, 17, 64, 1, 2000, 4], &[0, 1, 2, 3, 4, 5, 6, 7])
+                .await;
+        }
+        assert_eq!(sp.inbox.ring.readable(), 0);
+    }
+
+    /// A line whose stamp is another position's (one lap old, say) is not taken; a
+    /// stamped line that is not a boxed one is a protocol error.
+    #[tokio::test]
+    async fn a_stale_or_foreign_stamp_is_not_a_message() {
+        let (sp, links) = looped().await;
+        let ring = &sp.out.ring;
+        // The first line, stamped as if for the position one lap earlier.
+        ring.stamp(0).store((0u64.wrapping_sub(ring.cap as u64)) ^ ring.key, Ordering::Release);
+        assert!(!sp.inbox.ring.boxed());
+        assert_eq!(sp.inbox.drain(), Drained::Nothing);
+        // Stamped for this position, but not a boxed line.
+        ring.stamp(0).store(ring.key, Ordering::Release);
+        assert!(sp.inbox.ring.boxed());
+        assert_eq!(sp.inbox.drain(), Drained::Ended);
+        let e = links.mailbox.recv_frame(key(1)).await.unwrap_err();
+        assert!(e.to_string().contains("boxed line"), "{e}");
     }
 }

@@ -10,11 +10,11 @@ use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh}
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// A handshake hello (version 5, link 0 of 1) and a nonce.
+/// A handshake hello (version 6, link 0 of 1) and a nonce.
 fn hello(job: u64, src: u32, dst: u32, size: u32) -> [u8; 64] {
     let mut b = [0u8; 64];
     b[0..4].copy_from_slice(b"HCMH");
-    b[4] = 5;
+    b[4] = 6;
     b[5] = 1;
     b[7] = 1;
     b[8..16].copy_from_slice(&job.to_le_bytes());
