@@ -29,7 +29,7 @@ const HELLO_MAGIC: [u8; 4] = *b"HCMH";
 /// and count, for several connections per peer; 4: the same hello, but bundles of
 /// several connections send probe segments, which a version-3 peer refuses; 5: the
 /// same, but shared-memory links carry lent messages and their releases, frame kinds
-/// a version-4 peer refuses; 6: the same, but shared-memory rings carry boxed lines,
+/// a version-4 peer refuses; 6: the same, but shared-memory rings carry boxes,
 /// which a version-5 peer refuses).
 const HELLO_VERSION: u8 = 6;
 const HELLO_LEN: usize = 32;

@@ -302,17 +302,23 @@ impl Assembler {
         Assembler { ring: true, ..Assembler::new(peer) }
     }
 
-    /// Skips padding at a frame boundary; the short frame or boxed line at the start
+    /// Skips padding at a frame boundary; the short frame or box at the start
     /// of the buffer, if one is there whole (`Ok(None)`: none there, or not whole yet).
     fn short_frame(&mut self) -> Result<Option<Frame>> {
         let pad = self.buf.iter().take_while(|&&b| b == PAD).count();
         self.buf.advance(pad);
         if self.buf.first() == Some(&BOX_MAGIC) {
-            if self.buf.len() < BOX_LINE {
+            if self.buf.len() < SHORT_LEN {
                 return Ok(None);
             }
-            let f = decode_box(&self.buf[..BOX_LINE], self.peer as usize)?;
-            self.buf.advance(BOX_LINE);
+            let h = box_header(&self.buf, self.peer as usize)?;
+            let len = box_len(h.frag_len as usize);
+            if self.buf.len() < len {
+                return Ok(None);
+            }
+            let first = &self.buf[SHORT_LEN..BOX_LINE - 8];
+            let f = Frame::new(h, box_payload(&h, first, &self.buf[BOX_LINE..len]));
+            self.buf.advance(len);
             return Ok(Some(f));
         }
         if self.buf.first() != Some(&SHORT_MAGIC) || self.buf.len() < SHORT_LEN {
@@ -353,7 +359,7 @@ impl Assembler {
         let need = if self.ring && self.buf.first() == Some(&SHORT_MAGIC) {
             SHORT_LEN + SHORT_MAX
         } else if self.ring && self.buf.first() == Some(&BOX_MAGIC) {
-            BOX_LINE
+            box_len(BOX_MAX)
         } else if self.buf.len() < HEADER_LEN {
             HEADER_LEN
         } else {
@@ -622,31 +628,54 @@ pub(crate) fn push(a: &mut Assembler, mut bytes: &[u8], out: &mut Vec<Frame>) ->
     Ok(())
 }
 
-/// First byte of a boxed line: a data message of at most [`BOX_MAX`] bytes on one
-/// cache line of a shared-memory ring, with the line's stamp in its last 8 bytes (see
-/// the shared-memory transport's `Ring::push_box`): the short header (its magic byte
-/// replaced by this one), the payload, zeros, the stamp.
+/// First byte of a box: a data message of at most [`BOX_MAX`] bytes on whole cache
+/// lines of a shared-memory ring, stamped in the last 8 bytes of its first line (see
+/// the shared-memory transport's `Ring::push_box`). The first line holds the short
+/// header (its magic byte replaced by this one), the payload's first
+/// [`BOX_FIRST`] bytes, then the stamp; the rest of the payload follows on the next
+/// lines, whose last one is padded to its end.
 pub(crate) const BOX_MAGIC: u8 = 0xB6;
-/// A boxed line's length: one cache line.
+/// A cache line, the unit of a box.
 pub(crate) const BOX_LINE: usize = 64;
-/// The most payload a boxed line holds.
-pub(crate) const BOX_MAX: usize = BOX_LINE - SHORT_LEN - 8;
+/// The payload bytes on a box's first line.
+pub(crate) const BOX_FIRST: usize = BOX_LINE - SHORT_LEN - 8;
+/// The most payload a box holds: a short frame's.
+pub(crate) const BOX_MAX: usize = SHORT_MAX;
 
-/// The message of a boxed line (`line`: at least its first `BOX_LINE - 8` bytes; the
-/// stamp is the ring's business) from rank `peer`.
-pub(crate) fn decode_box(line: &[u8], peer: usize) -> Result<Frame> {
+/// The bytes a box of `payload` bytes takes in the ring: whole lines.
+pub(crate) fn box_len(payload: usize) -> usize {
+    BOX_LINE + payload.saturating_sub(BOX_FIRST).next_multiple_of(BOX_LINE)
+}
+
+/// The header of the box whose first line starts `first` (at least [`SHORT_LEN`]
+/// bytes) from rank `peer`, checked.
+pub(crate) fn box_header(first: &[u8], peer: usize) -> Result<Header> {
     let mut head = [0u8; SHORT_LEN];
-    head.copy_from_slice(&line[..SHORT_LEN]);
+    head.copy_from_slice(&first[..SHORT_LEN]);
     if head[0] != BOX_MAGIC {
-        return Err(protocol(format!("a boxed line starting with {:#04x}", head[0])));
+        return Err(protocol(format!("a box starting with {:#04x}", head[0])));
     }
     head[0] = SHORT_MAGIC;
     let h = Header::decode_short(&head, peer as u32).map_err(|e| protocol(e.to_string()))?;
-    let len = h.frag_len as usize;
-    if len > BOX_MAX {
-        return Err(protocol(format!("a boxed line with {len} bytes of payload")));
+    if h.frag_len as usize > BOX_MAX {
+        return Err(protocol(format!("a box of {} bytes of payload", h.frag_len)));
     }
-    Ok(Frame::new(h, Bytes::copy_from_slice(&line[SHORT_LEN..SHORT_LEN + len])))
+    Ok(h)
+}
+
+/// The payload of the box with header `h`: from `first` (the first line's
+/// [`BOX_FIRST`] payload bytes) and `rest` (the lines after it, at least the rest of
+/// the payload).
+pub(crate) fn box_payload(h: &Header, first: &[u8], rest: &[u8]) -> Bytes {
+    let len = h.frag_len as usize;
+    let head = len.min(BOX_FIRST);
+    if len <= BOX_FIRST {
+        return Bytes::copy_from_slice(&first[..head]);
+    }
+    let mut b = BytesMut::with_capacity(len);
+    b.extend_from_slice(&first[..head]);
+    b.extend_from_slice(&rest[..len - head]);
+    b.freeze()
 }
 
 #[cfg(test)]
@@ -719,7 +748,7 @@ mod tests {
     }
 
     /// What a shared-memory ring carries for `msgs` (`(short, len)`): whole frames as
-    /// the writer task writes them, or short frames (or boxed lines) as a sending task
+    /// the writer task writes them, or short frames (or boxes) as a sending task
     /// writes them, with `pads[i]` bytes of padding before each.
     fn ring_stream(msgs: &[(bool, usize)], pads: &[usize]) -> Vec<u8> {
         let mut wire = Vec::new();
@@ -730,15 +759,19 @@ mod tests {
             h.frag_len = len as u32;
             h.msg_id = u64::MAX;
             match h.encode_short().filter(|_| short) {
-                // Every other small one as a boxed line, with a stamp the parser
+                // Every other small one as a box, with a stamp the parser
                 // does not read.
                 Some(mut b) if len <= BOX_MAX && i % 2 == 0 => {
                     b[0] = BOX_MAGIC;
                     let at = wire.len();
+                    let head = len.min(BOX_FIRST);
                     wire.extend_from_slice(&b);
-                    wire.extend_from_slice(&m.payload);
+                    wire.extend_from_slice(&m.payload[..head]);
                     wire.resize(at + BOX_LINE - 8, 0);
                     wire.extend_from_slice(&(i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
+                    wire.extend_from_slice(&m.payload[head..]);
+                    // The last line's padding: whatever the ring held.
+                    wire.resize(at + box_len(len), 0xEE);
                 }
                 Some(b) => {
                     wire.extend_from_slice(&b);
@@ -755,7 +788,7 @@ mod tests {
         /// gives every message whole and in order.
         #[test]
         fn ring_streams_with_short_frames_reassemble(
-            msgs in proptest::collection::vec((any::<bool>(), prop_oneof![0usize..=BOX_MAX, 0usize..100, 0usize..5000, 0usize..70_000]), 1..20),
+            msgs in proptest::collection::vec((any::<bool>(), prop_oneof![0usize..=BOX_FIRST, 0usize..300, 0usize..5000, 0usize..70_000]), 1..20),
             pads in proptest::collection::vec(0usize..64, 1..8),
             read_size in 1usize..9000,
         ) {
@@ -777,7 +810,7 @@ mod tests {
         /// before a protocol error is whole.
         #[test]
         fn mutated_ring_streams_are_refused_or_whole(
-            msgs in proptest::collection::vec((any::<bool>(), prop_oneof![0usize..=BOX_MAX, 0usize..300]), 1..8),
+            msgs in proptest::collection::vec((any::<bool>(), prop_oneof![0usize..=BOX_FIRST, 0usize..300]), 1..8),
             pads in proptest::collection::vec(0usize..64, 1..4),
             flips in proptest::collection::vec((any::<proptest::sample::Index>(), 1u8..=255), 1..4),
         ) {

@@ -30,19 +30,17 @@
 //!   is polled, and, with [`ShmOptions::poll`] (`HCOMM_SHM_POLL_US`), keeps polling
 //!   inside its poll for that long, as a blocking MPI receive does.
 //!
-//! *Boxed lines* for the smallest messages (up to 16 bytes, `BOX_MAX`, as
-//! OpenMPI's "fast boxes"): a direct send writes the message on one cache line of its
-//! own, its last 8 bytes a *stamp* (the line's stream position mixed with a random
-//! key of the ring), stored after the rest of the line and before the writer's
-//! counter. A reader at a line start checks the stamp before the counter, and takes
-//! a line stamped for its position without reading the counter: the message costs
-//! the reader one cache line from the writer's core instead of two in a row (the
-//! counter's, then the line's). A line left from an earlier lap carries another
-//! position's stamp, and a fresh ring's zeroed lines none (the key is never zero).
-//! The counter still covers every line, so a reader that finds a boxed line
-//! through it (or after other bytes, in the parser's buffer) reads it as a frame.
-//! Short frames that fit a line are padded to its end, so that the writer does not
-//! come back to a line the reader holds to pad it before the next frame.
+//! *Boxes* for small messages (up to 4 KiB, as OpenMPI's "fast boxes"): a direct
+//! send writes the message on whole cache lines of its own, the last 8 bytes of the
+//! first line a *stamp* (the box's stream position mixed with a random key of the
+//! ring), stored after the rest of the box and before the writer's counter. A reader
+//! at a line start checks the stamp before the counter, and takes a box stamped for
+//! its position without reading the counter: the reader learns of the message from
+//! one cache line of the writer's core instead of two in a row (the counter's, then
+//! the message's). A line left from an earlier lap carries another position's stamp,
+//! and a fresh ring's zeroed lines none (the key is never zero). The counter still
+//! covers every box, so a reader that finds one through it (or after other bytes, in
+//! the parser's buffer) reads it as a frame.
 //!
 //! *Single copy for large messages* (Linux cross-memory attach, as OpenMPI's and
 //! MPICH's shared-memory paths do): a data message of [`ShmOptions::pull_min`] bytes
@@ -106,7 +104,7 @@ use hcomm_core::wire::{FrameKind, Header, MAX_MESSAGE, PAD, SHORT_LEN, SHORT_MAG
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use parking_lot::Mutex;
 
-use crate::framing::{Assembler, BOX_LINE, BOX_MAGIC, BOX_MAX, Outgoing, decode_box};
+use crate::framing::{Assembler, BOX_FIRST, BOX_LINE, BOX_MAGIC, BOX_MAX, Outgoing, box_header, box_len, box_payload};
 use crate::stream::{Links, WriteLink, unannounced_eof};
 
 /// Directory of the ring files.
@@ -148,6 +146,8 @@ const STAMP_KEY: usize = 224;
 const LENDER_GONE: usize = 160;
 
 const _: () = assert!(BOX_LINE == LINE);
+// Every message a short frame can carry fits a box.
+const _: () = assert!(BOX_MAX >= hcomm_core::wire::SHORT_MAX);
 
 const DOORBELL_DATA: u8 = 1;
 const DOORBELL_SPACE: u8 = 2;
@@ -230,7 +230,7 @@ impl Ring {
         // of the reading side advances it, and the writer's counter, read after, is
         // then at least as far.
         let tail = self.u64_at(TAIL).load(Ordering::Acquire);
-        // Saturating: the reader may have taken a boxed line whose stamp it saw
+        // Saturating: the reader may have taken a box whose stamp it saw
         // before the writer's counter that covers it.
         self.u64_at(HEAD).load(Ordering::Acquire).saturating_sub(tail) as usize
     }
@@ -294,31 +294,70 @@ impl Ring {
         unsafe { &*self.base.add(DATA + at + LINE - 8).cast::<AtomicU64>() }
     }
 
-    /// Writer: `pad` bytes of padding up to a line start, then `line` as a whole line
-    /// whose last 8 bytes are its stamp (its stream position mixed with the ring's
-    /// key), stored after the rest of the line and before the writer's counter. The
-    /// reader can then find the line by polling its stamp ([`Ring::boxed`]): a
-    /// message that fits one line costs the reader one cache line from the writer's
-    /// core, not two (the counter's, then the line's, one after the other). The caller
-    /// has checked that it fits.
-    fn push_box(&self, pad: usize, line: &[u8; LINE - 8]) {
+    /// Writer: `pad` bytes of padding up to a line start, then a box: `first` as the
+    /// first line, whose last 8 bytes are its stamp (its stream position mixed with
+    /// the ring's key), and `rest` on the lines after it. The stamp is stored after
+    /// everything else of the box and before the writer's counter. The reader can
+    /// then find the box by polling its stamp ([`Ring::boxed`]): a small message
+    /// costs the reader one cache line from the writer's core before it knows it has
+    /// one, not two in a row (the counter's, then the message's). The caller has
+    /// checked that it fits.
+    fn push_box(&self, pad: usize, first: &[u8; LINE - 8], rest: &[u8]) {
         let head = self.u64_at(HEAD).load(Ordering::Relaxed);
         let pos = head + pad as u64;
-        debug_assert_eq!(pos % LINE as u64, 0, "a boxed line starts a line");
+        debug_assert_eq!(pos % LINE as u64, 0, "a box starts a line");
         let at = self.at(pos);
         // SAFETY: the padding lies between `head` and the line start, in the same line
-        // (so it does not wrap), and the line in the data region (the capacity is a
-        // multiple of a line), in the part the reader has released.
+        // (so it does not wrap); the first line lies in the data region (the capacity
+        // is a multiple of a line) and `rest` after it, wrapping at the end (`copy_in`);
+        // all of it in the part the reader has released.
         unsafe {
             let data = self.base.add(DATA);
             std::ptr::write_bytes(data.add(self.at(head)), PAD, pad);
-            std::ptr::copy_nonoverlapping(line.as_ptr(), data.add(at), line.len());
+            if !rest.is_empty() {
+                self.copy_in(pos + LINE as u64, rest);
+            }
+            std::ptr::copy_nonoverlapping(first.as_ptr(), data.add(at), first.len());
         }
         self.stamp(at).store(pos ^ self.key, Ordering::Release);
-        self.u64_at(HEAD).store(pos + LINE as u64, Ordering::Release);
+        self.u64_at(HEAD).store(pos + box_len(BOX_FIRST + rest.len()) as u64, Ordering::Release);
     }
 
-    /// Reader: whether the line at the reader's position is a boxed line the writer
+    /// Copies `src` into the data region at stream position `pos`, wrapping at its end.
+    ///
+    /// # Safety
+    /// The bytes must lie in the part of the ring the reader has released; only the
+    /// writer calls it.
+    unsafe fn copy_in(&self, pos: u64, src: &[u8]) {
+        let at = self.at(pos);
+        let first = src.len().min(self.cap - at);
+        // SAFETY: both pieces lie in the data region (the caller's promise for the
+        // positions).
+        unsafe {
+            let data = self.base.add(DATA);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), first);
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, src.len() - first);
+        }
+    }
+
+    /// Copies `len` bytes at stream position `pos` out of the data region to `dst`,
+    /// wrapping at its end.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes, and the bytes written by the
+    /// writer, which does not touch them again until the reader's counter passes them.
+    unsafe fn copy_out(&self, pos: u64, dst: *mut u8, len: usize) {
+        let at = self.at(pos);
+        let first = len.min(self.cap - at);
+        // SAFETY: both pieces lie in the data region; `dst` as the caller promises.
+        unsafe {
+            let data = self.base.add(DATA);
+            std::ptr::copy_nonoverlapping(data.add(at), dst, first);
+            std::ptr::copy_nonoverlapping(data, dst.add(first), len - first);
+        }
+    }
+
+    /// Reader: whether the line at the reader's position is a box the writer
     /// has stamped for this position (and therefore finished), whatever the writer's
     /// counter says yet.
     fn boxed(&self) -> bool {
@@ -857,7 +896,7 @@ impl ShmInbox {
         if self.links.readers_stopped.load(Ordering::Acquire) {
             return Drained::Ended;
         }
-        // The stamp first: a boxed line is then taken with one cache line from the
+        // The stamp first: a box is then taken with one cache line from the
         // writer's core (see `Ring::push_box`).
         if !self.ring.boxed() && self.ring.readable() == 0 {
             return Drained::Nothing;
@@ -873,7 +912,7 @@ impl ShmInbox {
                         if wakes(self.ring.u32_at(WRITER_WAITS)) {
                             self.bell.ring(DOORBELL_SPACE);
                         }
-                        // Stopped after boxed lines: what follows, if anything, is for
+                        // Stopped after boxes: what follows, if anything, is for
                         // the next drain (reading the writer's counter now would wait
                         // for its cache line, just written by the other core).
                         if boxed {
@@ -932,7 +971,7 @@ impl ShmInbox {
     /// the mailbox, as long as the ring holds them whole (the writer publishes each
     /// at once); stops at anything else, for the parser, which must hold no bytes
     /// (see [`Assembler::idle`]). The common case of a small message takes no copy
-    /// into the parser's buffer and no split of it. Boxed lines ([`Ring::push_box`])
+    /// into the parser's buffer and no split of it. Boxes ([`Ring::push_box`])
     /// are taken by their stamps; after them, it stops without reading the writer's
     /// counter. Returns how many bytes it took, and whether it stopped so.
     fn short_frames(&self) -> Result<(usize, bool)> {
@@ -979,16 +1018,31 @@ impl ShmInbox {
         }
     }
 
-    /// Takes the boxed line at the reader's position ([`Ring::boxed`] said it is
+    /// Takes the box at the reader's position ([`Ring::boxed`] said it is
     /// there) and delivers its message.
     fn take_box(&self) -> Result<()> {
-        let mut line = [0u8; LINE - 8];
-        // SAFETY: `line` is valid for its length; the line is whole (stamped), and
+        let mut first = [0u8; LINE - 8];
+        // SAFETY: `first` is valid for its length; the box is whole (stamped), and
         // `peek_line` reads it whatever the writer's counter says.
-        unsafe { self.ring.peek_line(line.as_mut_ptr()) };
-        let f = decode_box(&line, self.peer)?;
-        self.ring.skip(LINE);
-        self.links.mailbox.deliver(f);
+        unsafe { self.ring.peek_line(first.as_mut_ptr()) };
+        let h = box_header(&first, self.peer)?;
+        let len = h.frag_len as usize;
+        let payload = if len > BOX_FIRST {
+            let n = len - BOX_FIRST;
+            let mut tail = BytesMut::with_capacity(n);
+            let pos = self.ring.u64_at(TAIL).load(Ordering::Relaxed) + LINE as u64;
+            // SAFETY: `tail` has room for `n` bytes, which the copy writes before they
+            // become its length; the box's lines are whole (stamped).
+            unsafe {
+                self.ring.copy_out(pos, tail.as_mut_ptr(), n);
+                tail.set_len(n);
+            }
+            box_payload(&h, &first[SHORT_LEN..], &tail)
+        } else {
+            box_payload(&h, &first[SHORT_LEN..], &[])
+        };
+        self.ring.skip(box_len(len));
+        self.links.mailbox.deliver(Frame::new(h, payload));
         Ok(())
     }
 
@@ -1261,50 +1315,36 @@ impl ShmOut {
             // A small data message as a short frame, kept inside one cache line of the
             // ring (padding before it if it would straddle two): the reader then takes
             // one line from this core's cache, not two or three.
-            let at = (self.ring.written() % LINE as u64) as usize;
-            // Padding up to the next line start, if not on one.
-            let to_line = (LINE - at) % LINE;
             let (short, full);
-            let (head, pad, after): (&[u8], usize, usize) = match whole.encode_short() {
-                // One line, with its stamp: see `Ring::push_box`.
-                Some(b) if len <= BOX_MAX => {
-                    let need = to_line + LINE;
+            let head: &[u8] = match whole.encode_short() {
+                // A box, stamped (see `Ring::push_box`), on whole lines: padding up to
+                // the next line start first, if not on one.
+                Some(b) => {
+                    let to_line = (LINE - (self.ring.written() % LINE as u64) as usize) % LINE;
+                    let need = to_line + box_len(len);
                     if self.ring.room(need) >= need {
-                        let mut line = [0u8; LINE - 8];
-                        line[..SHORT_LEN].copy_from_slice(&b);
-                        line[0] = BOX_MAGIC;
-                        line[SHORT_LEN..SHORT_LEN + len].copy_from_slice(payload);
-                        self.ring.push_box(to_line, &line);
+                        let head = len.min(BOX_FIRST);
+                        let mut first = [0u8; LINE - 8];
+                        first[..SHORT_LEN].copy_from_slice(&b);
+                        first[0] = BOX_MAGIC;
+                        first[SHORT_LEN..SHORT_LEN + head].copy_from_slice(&payload[..head]);
+                        self.ring.push_box(to_line, &first, &payload[head..]);
                         drop(busy);
                         self.published();
                         return true;
                     }
+                    // No room for the box's padding: the frame alone may fit.
                     short = b;
-                    (&short, 0, 0)
-                }
-                // A short frame that fits in a line goes on one line of its own,
-                // padded to its end (then the next frame's line is a fresh one, and
-                // the writer does not come back to this one for padding before it):
-                // the reader takes one line from this core's cache, not two or three.
-                Some(b) => {
-                    short = b;
-                    let frame = SHORT_LEN + len;
-                    if frame > LINE {
-                        (&short, 0, 0)
-                    } else if at + frame > LINE {
-                        (&short, to_line, (LINE - frame % LINE) % LINE)
-                    } else {
-                        (&short, 0, (LINE - (at + frame) % LINE) % LINE)
-                    }
+                    &short
                 }
                 None => {
                     full = whole.encode();
-                    (&full, 0, 0)
+                    &full
                 }
             };
-            let need = pad + head.len() + len + after;
+            let need = head.len() + len;
             if self.ring.room(need) >= need {
-                self.ring.push_parts(&[&[PAD; LINE][..pad], head, payload, &[PAD; LINE][..after]]);
+                self.ring.push_parts(&[head, payload]);
                 drop(busy);
                 self.published();
                 return true;
@@ -1853,39 +1893,44 @@ mod tests {
         sp.out.ring.written()
     }
 
-    /// Messages of up to `BOX_MAX` bytes go as one stamped line each, on a line of
-    /// their own, and arrive whole and in order, read one by one or several at once,
-    /// as the ring wraps. (The parser's side, boxed lines in its buffer, is tested
-    /// with the framing.)
+    /// Small messages go as boxes, stamped, on whole lines of their own, and arrive
+    /// whole and in order, read one by one or several at once, as the ring wraps
+    /// (a box's lines too). (The parser's side, boxes in its buffer, is tested with
+    /// the framing.)
     #[tokio::test]
-    async fn small_messages_go_as_stamped_lines() {
+    async fn small_messages_go_as_stamped_boxes() {
         let (sp, links) = looped().await;
+        let line = LINE as u64;
         // Each alone: one line each (the first at the ring's start).
-        let written = send_sizes(&sp, &links, 100, &[0, 1, 8, BOX_MAX], &[0, 1, 2, 3]).await;
-        assert_eq!(written, 4 * LINE as u64);
+        let written = send_sizes(&sp, &links, 100, &[0, 1, 8, BOX_FIRST], &[0, 1, 2, 3]).await;
+        assert_eq!(written, 4 * line);
         assert_eq!(sp.inbox.ring.readable(), 0);
-        // Not line-aligned any more after a short frame of 25 bytes padded to its
-        // line's end? It is: short frames that fit a line are padded to its end.
-        let written = send_sizes(&sp, &links, 200, &[BOX_MAX + 1, 3], &[0, 1]).await;
-        assert_eq!(written, 6 * LINE as u64);
-        // After a frame that ends mid-line, a boxed line starts on the next line.
-        let big = 1000;
+        // One byte more takes a second line.
+        let written = send_sizes(&sp, &links, 200, &[BOX_FIRST + 1, 3], &[0, 1]).await;
+        assert_eq!(written, 7 * line);
         let w0 = sp.out.ring.written();
-        send_sizes(&sp, &links, 300, &[big, 5], &[]).await;
-        let after_big = w0 + (SHORT_LEN + big) as u64;
-        assert_eq!(sp.out.ring.written(), after_big.next_multiple_of(LINE as u64) + LINE as u64);
+        send_sizes(&sp, &links, 300, &[1000, 5], &[]).await;
+        assert_eq!(sp.out.ring.written(), w0 + (box_len(1000) + LINE) as u64);
         // Several at once.
         send_sizes(&sp, &links, 400, &[2000, 2, 16, 30, 9, 0], &[]).await;
+        // A box whose lines wrap at the ring's end.
+        let cap = sp.out.ring.cap as u64;
+        let lines_left = (cap - sp.out.ring.written() % cap) / line;
+        let empties = vec![0; lines_left as usize - 1];
+        send_sizes(&sp, &links, 1000, &empties, &[]).await;
+        assert_eq!(sp.out.ring.written() % cap, cap - line);
+        send_sizes(&sp, &links, 2000, &[300], &[0]).await;
+        assert_eq!(sp.out.ring.written() % cap, box_len(300) as u64 - line);
         // Mixed, read as they come.
         for round in 0..8 {
-            send_sizes(&sp, &links, 500 + 10 * round, &[7, 3000, 16, 17, 64, 1, 2000, 4], &[0, 1, 2, 3, 4, 5, 6, 7])
+            send_sizes(&sp, &links, 3000 + 10 * round, &[7, 3000, 16, 17, 64, 1, 2000, 4], &[0, 1, 2, 3, 4, 5, 6, 7])
                 .await;
         }
         assert_eq!(sp.inbox.ring.readable(), 0);
     }
 
     /// A line whose stamp is another position's (one lap old, say) is not taken; a
-    /// stamped line that is not a boxed one is a protocol error.
+    /// stamped line that is not a box is a protocol error.
     #[tokio::test]
     async fn a_stale_or_foreign_stamp_is_not_a_message() {
         let (sp, links) = looped().await;
@@ -1894,11 +1939,11 @@ mod tests {
         ring.stamp(0).store((0u64.wrapping_sub(ring.cap as u64)) ^ ring.key, Ordering::Release);
         assert!(!sp.inbox.ring.boxed());
         assert_eq!(sp.inbox.drain(), Drained::Nothing);
-        // Stamped for this position, but not a boxed line.
+        // Stamped for this position, but not a box.
         ring.stamp(0).store(ring.key, Ordering::Release);
         assert!(sp.inbox.ring.boxed());
         assert_eq!(sp.inbox.drain(), Drained::Ended);
         let e = links.mailbox.recv_frame(key(1)).await.unwrap_err();
-        assert!(e.to_string().contains("boxed line"), "{e}");
+        assert!(e.to_string().contains("a box starting with"), "{e}");
     }
 }
