@@ -187,10 +187,16 @@ unsafe impl Send for Ring {}
 unsafe impl Sync for Ring {}
 
 impl Ring {
-    fn map(file: &File, cap: usize) -> io::Result<Ring> {
+    /// Maps a ring file of capacity `cap`; with `populate`, every page at once (see
+    /// [`ShmOptions::populate`]).
+    fn map(file: &File, cap: usize, populate: bool) -> io::Result<Ring> {
+        let mut opts = memmap2::MmapOptions::new();
+        if populate {
+            opts.populate();
+        }
         // SAFETY: the file is ours and the peer's only (0600, unlinked after setup);
         // its contents are touched only through atomics and raw copies below.
-        let mut map = unsafe { MmapMut::map_mut(file)? };
+        let mut map = unsafe { opts.map_mut(file)? };
         if map.len() != DATA + cap || !cap.is_power_of_two() {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "ring file of the wrong size"));
         }
@@ -587,19 +593,42 @@ pub struct ShmOptions {
     /// them out of this process's memory itself, once, instead of through the ring
     /// (`HCOMM_SHM_CMA`; see the module documentation). Zero: never.
     pub pull_min: usize,
+    /// Whether the rings are mapped with every page in place at setup
+    /// (`MAP_POPULATE`), so that the first lap of small messages through a ring does
+    /// not take a page fault every 64 of them (on both sides). The bootstrap turns it
+    /// off when the rings of all same-host pairs together would take more than
+    /// [`POPULATE_BUDGET`].
+    pub populate: bool,
+}
+
+/// The most memory the rings of all same-host pairs may take together for the
+/// bootstrap to map them whole at setup ([`ShmOptions::populate`]).
+pub const POPULATE_BUDGET: usize = 1 << 30;
+
+/// Whether the rings of `ranks_here` ranks on one host (one per direction of each
+/// pair), of `ring` bytes each, fit [`POPULATE_BUDGET`] together.
+pub fn rings_fit_populate(ranks_here: usize, ring: usize) -> bool {
+    let rings = ranks_here.saturating_mul(ranks_here.saturating_sub(1));
+    rings.saturating_mul(ring.next_power_of_two()) <= POPULATE_BUDGET
 }
 
 impl Default for ShmOptions {
     fn default() -> ShmOptions {
-        ShmOptions { ring: DEFAULT_RING, spin: DEFAULT_SPIN, poll: Duration::ZERO, pull_min: DEFAULT_PULL_MIN }
+        ShmOptions {
+            ring: DEFAULT_RING,
+            spin: DEFAULT_SPIN,
+            poll: Duration::ZERO,
+            pull_min: DEFAULT_PULL_MIN,
+            populate: true,
+        }
     }
 }
 
-fn create_ring(job: u64, me: usize, peer: usize, cap: usize) -> io::Result<(Ring, PathBuf)> {
+fn create_ring(job: u64, me: usize, peer: usize, cap: usize, populate: bool) -> io::Result<(Ring, PathBuf)> {
     let name = format!("hcomm-{job:016x}-{me}-{peer}-{:016x}", rand_u64());
     let path = Path::new(DIR).join(name);
     let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
-    let ring = file.set_len((DATA + cap) as u64).and_then(|()| Ring::map(&file, cap));
+    let ring = file.set_len((DATA + cap) as u64).and_then(|()| Ring::map(&file, cap, populate));
     match ring {
         Ok(mut r) => {
             // Never zero: a fresh ring's zeroed lines must not look stamped.
@@ -622,12 +651,12 @@ fn rand_u64() -> u64 {
     h.finish()
 }
 
-fn open_ring(name: &str, cap: usize) -> io::Result<Ring> {
+fn open_ring(name: &str, cap: usize, populate: bool) -> io::Result<Ring> {
     if !name.starts_with("hcomm-") || name.contains('/') || name.len() > 200 {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a ring file name"));
     }
     let file = OpenOptions::new().read(true).write(true).open(Path::new(DIR).join(name))?;
-    Ring::map(&file, cap)
+    Ring::map(&file, cap, populate)
 }
 
 /// Sets up shared-memory rings with the peer at the other end of `stream` (which
@@ -644,7 +673,7 @@ pub async fn negotiate(
     opts: &ShmOptions,
 ) -> io::Result<Option<ShmPair>> {
     let cap = opts.ring.next_power_of_two();
-    let mine = create_ring(job, me, peer, cap);
+    let mine = create_ring(job, me, peer, cap, opts.populate);
     if let Err(e) = &mine {
         tracing::debug!(me, peer, error = %e, "no shared-memory ring: keeping TCP");
     }
@@ -672,7 +701,7 @@ pub async fn negotiate(
         };
         let rx = match (len, peer_cap == cap) {
             (0, _) | (_, false) => None,
-            _ => open_ring(&String::from_utf8_lossy(&theirs), cap).ok(),
+            _ => open_ring(&String::from_utf8_lossy(&theirs), cap, opts.populate).ok(),
         };
         // Bit 0: the rings are set up on this side; bit 1: this side can read the
         // peer's memory (so the peer may lend to it).
@@ -1702,8 +1731,8 @@ mod tests {
     /// own peer (rank 1), reads back out of its own memory.
     async fn looped_with(lend: bool) -> (Split, Arc<Links>) {
         let cap = 1 << 12;
-        let (tx, path) = create_ring(rand_u64(), 0, 1, cap).unwrap();
-        let rx = open_ring(&path.file_name().unwrap().to_string_lossy(), cap).unwrap();
+        let (tx, path) = create_ring(rand_u64(), 0, 1, cap, true).unwrap();
+        let rx = open_ring(&path.file_name().unwrap().to_string_lossy(), cap, false).unwrap();
         let _ = std::fs::remove_file(&path);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
@@ -1945,5 +1974,16 @@ mod tests {
         assert_eq!(sp.inbox.drain(), Drained::Ended);
         let e = links.mailbox.recv_frame(key(1)).await.unwrap_err();
         assert!(e.to_string().contains("a box starting with"), "{e}");
+    }
+
+    /// The rings are mapped whole at setup while all of a host's fit the budget: 16
+    /// ranks with the default ring do, 17 do not, nor 2 with rings of 1 GiB.
+    #[test]
+    fn populating_the_rings_stays_within_its_budget() {
+        assert!(rings_fit_populate(1, DEFAULT_RING));
+        assert!(rings_fit_populate(16, DEFAULT_RING));
+        assert!(!rings_fit_populate(17, DEFAULT_RING));
+        assert!(!rings_fit_populate(2, 1 << 30));
+        assert!(!rings_fit_populate(usize::MAX, DEFAULT_RING));
     }
 }

@@ -313,7 +313,11 @@ impl Config {
         hosts: &[String],
     ) -> Result<Vec<Option<PeerLink<TcpStream>>>> {
         let (rank, job) = (self.rank, job_hash(&self.job_id));
-        let opts = self.stream.shm.clone();
+        let mut opts = self.stream.shm.clone();
+        // Every ring of the host's pairs mapped whole at setup only while they fit the
+        // budget together (two per pair).
+        let here = hosts.iter().filter(|h| hosts.get(rank) == Some(*h)).count();
+        opts.populate &= shm::rings_fit_populate(here, opts.ring);
         let links = streams.into_iter().enumerate().map(|(peer, s)| {
             let local = self.shm && hosts.get(peer) == hosts.get(rank);
             let opts = &opts;
