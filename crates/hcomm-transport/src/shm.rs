@@ -276,18 +276,10 @@ impl Ring {
     fn push_parts(&self, parts: &[&[u8]]) {
         let mut head = self.u64_at(HEAD).load(Ordering::Relaxed);
         for src in parts {
-            let n = src.len();
-            let at = self.at(head);
-            let first = n.min(self.cap - at);
-            // SAFETY: both pieces lie in the data region, in the part the reader has
-            // released (the caller checked `writable`), and `src` is a separate
-            // allocation.
-            unsafe {
-                let data = self.base.add(DATA);
-                std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), first);
-                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, n - first);
-            }
-            head += n as u64;
+            // SAFETY: the bytes lie in the part the reader has released (the caller
+            // checked `writable`), and `src` is a separate allocation.
+            unsafe { self.copy_in(head, src) };
+            head += src.len() as u64;
         }
         self.u64_at(HEAD).store(head, Ordering::Release);
     }
@@ -404,15 +396,9 @@ impl Ring {
     unsafe fn peek(&self, dst: *mut u8, len: usize) -> usize {
         let tail = self.u64_at(TAIL).load(Ordering::Relaxed);
         let n = self.readable().min(len);
-        let at = self.at(tail);
-        let first = n.min(self.cap - at);
-        // SAFETY: both pieces lie in the data region, in the part the writer has
-        // published (`readable`); `dst` is valid for `len >= n` bytes (caller).
-        unsafe {
-            let data = self.base.add(DATA);
-            std::ptr::copy_nonoverlapping(data.add(at), dst, first);
-            std::ptr::copy_nonoverlapping(data, dst.add(first), n - first);
-        }
+        // SAFETY: the bytes are in the part the writer has published (`readable`);
+        // `dst` is valid for `len >= n` bytes (caller).
+        unsafe { self.copy_out(tail, dst, n) };
         n
     }
 
