@@ -336,14 +336,29 @@ impl Drop for OwnerGuard {
 /// every step of a collective holds one, and awaiting moves it.
 #[derive(Debug)]
 pub struct RecvFrame {
-    /// `Err`: the receive waits; `Ok`: its outcome was known at the post. `None` once
-    /// the outcome was returned.
-    posted: Option<std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>>>,
+    posted: Posted,
     src: Rank,
     rank: Rank,
     progress: Option<Arc<Progress>>,
     /// The landing this receive offered, if any ([`RecvFrame::poll_into`]).
     owner: Option<OwnerGuard>,
+}
+
+/// Where a [`RecvFrame`] stands.
+#[derive(Debug)]
+enum Posted {
+    /// Its outcome was known at the post.
+    Ready(Result<Frame>),
+    /// It waits for the mailbox (or a link it polls) to send its outcome.
+    Waiting(oneshot::Receiver<Result<Frame>>),
+    /// The outcome was returned.
+    Done,
+}
+
+impl From<std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>>> for Posted {
+    fn from(p: std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>>) -> Posted {
+        p.map_or_else(Posted::Waiting, Posted::Ready)
+    }
 }
 
 impl RecvFrame {
@@ -353,11 +368,13 @@ impl RecvFrame {
     /// # Panics
     /// If polled again after it returned `Ready`.
     pub fn poll_into(&mut self, cx: &mut std::task::Context<'_>, dst: &mut [u8]) -> Poll<Result<Frame>> {
-        let rx = match self.posted.take().expect("a receive polled after it completed") {
-            Ok(ready) => return Poll::Ready(ready),
-            Err(rx) => self.posted.insert(Err(rx)),
+        let rx = match &mut self.posted {
+            Posted::Waiting(rx) => rx,
+            posted => match std::mem::replace(posted, Posted::Done) {
+                Posted::Ready(r) => return Poll::Ready(r),
+                _ => panic!("a receive polled after it completed"),
+            },
         };
-        let Err(rx) = rx else { unreachable!("inserted as Err") };
         let rank = self.rank;
         let closed = || Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank);
         // The link first, and the waker registered only if that brought nothing: a
@@ -369,7 +386,7 @@ impl RecvFrame {
                 None => poll_link(p, self.src, rx, |link| link.poll()),
             };
             if let Some(r) = polled {
-                self.posted = None;
+                self.posted = Posted::Done;
                 return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
             }
         }
@@ -378,7 +395,7 @@ impl RecvFrame {
         }
         match Pin::new(rx).poll(cx) {
             Poll::Ready(r) => {
-                self.posted = None;
+                self.posted = Posted::Done;
                 Poll::Ready(r.unwrap_or_else(|_| Err(closed())))
             }
             Poll::Pending => Poll::Pending,
@@ -400,24 +417,6 @@ impl Future for RecvFrame {
 pub struct RecvFrameInto<'a> {
     frame: RecvFrame,
     dst: Option<&'a mut [u8]>,
-}
-
-impl<'a> RecvFrameInto<'a> {
-    /// Polls the receive, as its `Future` implementation does, but keeps the buffer
-    /// (for a caller that holds this future by value and takes the buffer with
-    /// [`RecvFrameInto::into_dst`] once it is ready).
-    ///
-    /// # Panics
-    /// If polled again after it returned `Ready`.
-    pub fn poll_frame(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<Frame>> {
-        let dst = self.dst.as_deref_mut().expect("the buffer is here until the receive is done");
-        self.frame.poll_into(cx, dst)
-    }
-
-    /// The buffer (once [`poll_frame`](RecvFrameInto::poll_frame) returned `Ready`).
-    pub fn into_dst(mut self) -> &'a mut [u8] {
-        self.dst.take().expect("the buffer is taken once")
-    }
 }
 
 impl<'a> Future for RecvFrameInto<'a> {
@@ -634,7 +633,7 @@ impl Mailbox {
     /// As [`Mailbox::recv`].
     pub fn recv_frame(&self, key: MatchKey) -> RecvFrame {
         RecvFrame {
-            posted: Some(self.post(key, None)),
+            posted: self.post(key, None).into(),
             src: key.src,
             rank: self.rank,
             progress: self.progress.get().cloned(),
@@ -664,8 +663,13 @@ impl Mailbox {
         let landing =
             (dst.len() >= crate::landing::LANDING_MIN && progress.is_some()).then(|| Arc::new(Landing::new(dst.len())));
         let posted = self.post(key, landing.clone());
-        let frame =
-            RecvFrame { posted: Some(posted), src: key.src, rank: self.rank, progress, owner: landing.map(OwnerGuard) };
+        let frame = RecvFrame {
+            posted: posted.into(),
+            src: key.src,
+            rank: self.rank,
+            progress,
+            owner: landing.map(OwnerGuard),
+        };
         RecvFrameInto { frame, dst: Some(dst) }
     }
 

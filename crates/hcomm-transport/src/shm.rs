@@ -994,8 +994,7 @@ impl ShmInbox {
         let mut boxed = false;
         loop {
             if self.ring.boxed() {
-                self.take_box()?;
-                taken += LINE;
+                taken += self.take_box()?;
                 boxed = true;
                 continue;
             }
@@ -1034,8 +1033,8 @@ impl ShmInbox {
     }
 
     /// Takes the box at the reader's position ([`Ring::boxed`] said it is
-    /// there) and delivers its message.
-    fn take_box(&self) -> Result<()> {
+    /// there) and delivers its message; returns the bytes it took.
+    fn take_box(&self) -> Result<usize> {
         let mut first = [0u8; LINE - 8];
         // SAFETY: `first` is valid for its length; the box is whole (stamped), and
         // `peek_line` reads it whatever the writer's counter says.
@@ -1043,22 +1042,25 @@ impl ShmInbox {
         let h = box_header(&first, self.peer)?;
         let len = h.frag_len as usize;
         let payload = if len > BOX_FIRST {
-            let n = len - BOX_FIRST;
-            let mut tail = BytesMut::with_capacity(n);
+            // The first line's part, then the rest straight out of the ring behind it.
+            let mut b = BytesMut::with_capacity(len);
+            b.extend_from_slice(&first[SHORT_LEN..SHORT_LEN + BOX_FIRST]);
             let pos = self.ring.u64_at(TAIL).load(Ordering::Relaxed) + LINE as u64;
-            // SAFETY: `tail` has room for `n` bytes, which the copy writes before they
-            // become its length; the box's lines are whole (stamped).
+            // SAFETY: `b` has room for `len` bytes, of which the copy writes the last
+            // `len - BOX_FIRST` before they become its length; the box's lines are
+            // whole (stamped).
             unsafe {
-                self.ring.copy_out(pos, tail.as_mut_ptr(), n);
-                tail.set_len(n);
+                self.ring.copy_out(pos, b.as_mut_ptr().add(BOX_FIRST), len - BOX_FIRST);
+                b.set_len(len);
             }
-            box_payload(&h, &first[SHORT_LEN..], &tail)
+            b.freeze()
         } else {
             box_payload(&h, &first[SHORT_LEN..], &[])
         };
-        self.ring.skip(box_len(len));
+        let took = box_len(len);
+        self.ring.skip(took);
         self.links.mailbox.deliver(Frame::new(h, payload));
-        Ok(())
+        Ok(took)
     }
 
     /// Delivers every complete message in `asm`, lent ones as frames whose payload is

@@ -1356,7 +1356,6 @@ impl<T: LocalTransport, F: Future<Output = Result<R>> + Unpin, R: HasFrame> Futu
                 format!("rank {src} sent a {} frame as a message", frame.header.op),
             )));
         }
-
         std::task::Poll::Ready(Ok(got))
     }
 }
