@@ -24,7 +24,7 @@ mod stream;
 pub mod tls;
 
 pub use bundle::BundleStats;
-pub use connect::{MeshOptions, connect_mesh, connect_mesh_links};
+pub use connect::{Congestion, MeshOptions, connect_mesh, connect_mesh_links};
 pub use mem::MemTransport;
 pub use shm::{ShmOptions, ShmPair, ShmStats};
 pub use stream::{PeerLink, StreamOptions, StreamTransport};

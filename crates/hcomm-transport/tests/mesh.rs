@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hcomm_core::{Header, JobKey, MatchKey, OpKind, Signature, Transport};
-use hcomm_transport::{MeshOptions, StreamOptions, StreamTransport, connect_mesh};
+use hcomm_transport::{Congestion, MeshOptions, StreamOptions, StreamTransport, connect_mesh};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -43,6 +43,7 @@ async fn strangers_are_refused_and_the_mesh_completes() {
         key: JobKey::from_secret("the job's secret"),
         timeout: Duration::from_secs(20),
         handshake_timeout: Duration::from_millis(500),
+        ..MeshOptions::default()
     };
 
     // Before any rank runs: random bytes, a connection that says nothing, a hello for
@@ -130,5 +131,36 @@ async fn a_rank_that_never_comes_is_named() {
     for (r, m) in res.into_iter().enumerate() {
         let e = m.err().unwrap_or_else(|| panic!("rank {r} must fail"));
         assert!(e.to_string().contains("ranks 2 never connected") || e.peer() == Some(2), "rank {r}: {e}");
+    }
+}
+
+/// The congestion control the mesh's connections end up with, both ends of each.
+async fn mesh_congestion(congestion: Congestion) -> Vec<String> {
+    let (ls, addrs) = listeners(2).await;
+    let opts = MeshOptions { timeout: Duration::from_secs(10), congestion, ..MeshOptions::default() };
+    let meshes = futures::future::join_all(ls.into_iter().enumerate().map(|(r, l)| {
+        let (addrs, opts) = (addrs.clone(), opts.clone());
+        async move { connect_mesh(r, 2, l, &addrs, &opts).await.unwrap() }
+    }))
+    .await;
+    let streams = meshes.iter().flatten().flatten();
+    let name = |s: &tokio::net::TcpStream| socket2::SockRef::from(s).tcp_congestion().unwrap();
+    // The kernel pads the name with NULs.
+    streams.map(|s| String::from_utf8_lossy(&name(s)).trim_end_matches('\0').to_owned()).collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn connections_take_the_chosen_congestion_control() {
+    let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap().trim().to_owned();
+    assert_eq!(mesh_congestion(Congestion::System).await, vec![system.clone(); 2]);
+    assert_eq!(mesh_congestion(Congestion::Named("reno".into())).await, vec!["reno"; 2]);
+    let auto = mesh_congestion(Congestion::Auto).await;
+    assert_eq!(auto.len(), 2);
+    for cc in auto {
+        // BBR paces (see `Congestion::Auto`); any other default is kept.
+        match system.starts_with("bbr") {
+            true => assert!(cc == "cubic" || cc == "reno", "auto gave {cc} where the system has {system}"),
+            false => assert_eq!(cc, system),
+        }
     }
 }

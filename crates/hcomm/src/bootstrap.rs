@@ -8,7 +8,7 @@ use hcomm_collectives::{Group, Tuning};
 use hcomm_core::JobKey;
 use hcomm_core::{Error, ErrorKind, LocalTransport, OpKind, Result};
 use hcomm_topology::{Placement, Topology, TopologyFile, host_identity, numa_node};
-use hcomm_transport::{MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh_links, shm};
+use hcomm_transport::{Congestion, MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh_links, shm};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -71,6 +71,11 @@ pub struct Config {
     /// Ports the mesh listener may take (`HCOMM_PORT_RANGE=lo-hi`, inclusive);
     /// `None`: any free port.
     pub port_range: Option<(u16, u16)>,
+    /// The TCP congestion control of the connections between ranks
+    /// (`HCOMM_TCP_CONGESTION`: `auto`, the default, replaces BBR with CUBIC or Reno;
+    /// `system` keeps the system's; or a kernel name). See
+    /// [`hcomm_transport::Congestion`].
+    pub congestion: Congestion,
     /// Whether peers on this host are reached through shared memory (`HCOMM_SHM`,
     /// default on; see `hcomm_transport::shm`). Off, every peer is reached over TCP.
     pub shm: bool,
@@ -176,6 +181,7 @@ impl Config {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             stall_warn: Some(hcomm_collectives::DEFAULT_STALL_WARN),
             port_range: None,
+            congestion: Congestion::Auto,
             ifname: None,
             links: 1,
             link_paths: Vec::new(),
@@ -276,6 +282,9 @@ impl Config {
         }
         if let Ok(v) = std::env::var("HCOMM_PORT_RANGE") {
             c.port_range = Some(parse_port_range(&v)?);
+        }
+        if let Ok(v) = std::env::var("HCOMM_TCP_CONGESTION") {
+            c.congestion = Congestion::parse(&v)?;
         }
         #[cfg(all(feature = "rdma", target_os = "linux"))]
         rdma_env(&mut c.rdma)?;
@@ -583,6 +592,7 @@ impl Config {
             job,
             key,
             timeout: deadline.saturating_duration_since(Instant::now()),
+            congestion: self.congestion.clone(),
             ..MeshOptions::default()
         };
         let streams = connect_mesh_links(rank, size, listeners, &addrs, self.links, &opts).await?;
@@ -782,6 +792,18 @@ mod tests {
         for bad in ["", "0-10", "200-100", "1-70000", "a-b", "-5"] {
             let e = parse_port_range(bad).unwrap_err();
             assert!(e.to_string().contains("HCOMM_PORT_RANGE"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn congestion_grammar() {
+        assert_eq!(Congestion::parse(" auto ").unwrap(), Congestion::Auto);
+        assert_eq!(Congestion::parse("system").unwrap(), Congestion::System);
+        // Reno is built into every Linux kernel and always allowed.
+        assert_eq!(Congestion::parse("reno").unwrap(), Congestion::Named("reno".into()));
+        for bad in ["", "no_such_cc", "a b", "cubic;", "x234567890123456"] {
+            let e = Congestion::parse(bad).unwrap_err();
+            assert!(e.to_string().contains("HCOMM_TCP_CONGESTION"), "{bad}: {e}");
         }
     }
 }
