@@ -258,6 +258,8 @@ pub(crate) struct Assembler {
     mailbox: Option<Arc<hcomm_core::Mailbox>>,
     /// Counts of landed messages.
     landed: Option<Arc<LandStats>>,
+    /// The least length of a message that lands ([`LANDING_MIN`] or more).
+    land_min: usize,
 }
 
 /// Counts of the messages that landed in their receive's buffer
@@ -286,14 +288,17 @@ impl Assembler {
             ring: false,
             mailbox: None,
             landed: None,
+            land_min: LANDING_MIN,
         }
     }
 
     /// An assembler whose large messages may land straight in the buffer of the
     /// receive waiting for them in `mailbox` ([`hcomm_core::landing`]), for a link
     /// that such a receive can read itself ([`Assembler::owner_target`]).
-    pub fn landing(peer: usize, mailbox: Arc<hcomm_core::Mailbox>, stats: Arc<LandStats>) -> Assembler {
-        Assembler { mailbox: Some(mailbox), landed: Some(stats), ..Assembler::new(peer) }
+    /// Messages shorter than `min` (or than [`LANDING_MIN`]) never land.
+    pub fn landing(peer: usize, mailbox: Arc<hcomm_core::Mailbox>, stats: Arc<LandStats>, min: usize) -> Assembler {
+        let land_min = min.max(LANDING_MIN);
+        Assembler { mailbox: Some(mailbox), landed: Some(stats), land_min, ..Assembler::new(peer) }
     }
 
     /// An assembler for the stream of a shared-memory ring, which also carries short
@@ -474,7 +479,7 @@ impl Assembler {
     fn message_of<'a>(
         partial: &'a mut HashMap<u64, Partial>,
         h: &Header,
-        mailbox: Option<&hcomm_core::Mailbox>,
+        mailbox: Option<(&hcomm_core::Mailbox, usize)>,
     ) -> Result<&'a mut Partial> {
         let open = partial.len();
         match partial.entry(h.msg_id) {
@@ -488,7 +493,7 @@ impl Assembler {
                 // A data message large enough, whose receive waits with a buffer of
                 // its length: it lands there.
                 let landing = match mailbox {
-                    Some(m) if h.kind == hcomm_core::FrameKind::Data && h.msg_len >= LANDING_MIN as u64 => {
+                    Some((m, min)) if h.kind == hcomm_core::FrameKind::Data && h.msg_len >= min as u64 => {
                         usize::try_from(h.msg_len).ok().and_then(|len| m.claim(&hcomm_core::MatchKey::of(h), len))
                     }
                     _ => None,
@@ -574,7 +579,7 @@ impl Assembler {
                 self.buf.advance(HEADER_LEN);
                 return Ok(Some(Frame::new(h, self.buf.split_to(n).freeze())));
             }
-            let p = Self::message_of(&mut self.partial, &h, self.mailbox.as_deref())?;
+            let p = Self::message_of(&mut self.partial, &h, self.mailbox.as_deref().map(|m| (m, self.land_min)))?;
             // Validated: consume the header and what arrived of the fragment.
             let here = n.min(self.buf.len() - HEADER_LEN);
             let end = match &mut p.landed {

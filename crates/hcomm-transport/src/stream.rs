@@ -77,21 +77,25 @@ pub struct StreamOptions {
     /// future may be gone), TLS, several connections per peer, or shared memory
     /// (which lends by its own means, [`ShmOptions::pull_min`]).
     pub tcp_lend: usize,
-    /// Whether a receive into a buffer of 64 KiB or more
-    /// ([`hcomm_core::landing::LANDING_MIN`]) over a plain tokio TCP connection may
-    /// have its message land there: the receive reads the message's bytes from the
-    /// socket into its buffer itself, instead of copying them out of a pooled
-    /// buffer the connection's reader filled ([`hcomm_core::landing`]). Not used by
-    /// io_uring, TLS, several connections per peer, or shared memory. Off by
-    /// default: measured on 2 ranks it shortens a large ping-pong (0.53-0.91x the
-    /// time at 1-16 MiB) but lengthens some broadcasts (up to 1.95x at 1 MiB), for a
-    /// reason not yet found (BENCHMARKS.md). Only with [`StreamOptions::tcp_spin`] on
-    /// (it is off where ranks outnumber cores).
-    pub tcp_land: bool,
+    /// Messages of this many bytes and more (and at least
+    /// [`hcomm_core::landing::LANDING_MIN`], 64 KiB), received over a plain tokio
+    /// TCP connection by a receive into a buffer of their length posted before they
+    /// come, *land* there: the receive reads the message's bytes from the socket into
+    /// its buffer itself, instead of copying them out of a pooled buffer the
+    /// connection's reader filled ([`hcomm_core::landing`]). Zero: nothing lands. Not
+    /// used by io_uring, TLS, several connections per peer, or shared memory; only
+    /// with [`StreamOptions::tcp_spin`] on (it is off where ranks outnumber cores).
+    /// Default [`DEFAULT_TCP_LAND`]: measured on 2 ranks (BENCHMARKS.md), landing
+    /// took 0.56-0.72x the `bw` time and 0.60-0.85x the broadcast time at 512 KiB to
+    /// 16 MiB, but 1.02-1.10x the time of allreduce and broadcast at 64-256 KiB.
+    pub tcp_land: usize,
 }
 
 /// Default of [`StreamOptions::tcp_lend`] (`HCOMM_TCP_LEND`).
 pub const DEFAULT_TCP_LEND: usize = 64 << 10;
+
+/// Default of [`StreamOptions::tcp_land`] (`HCOMM_TCP_LAND`).
+pub const DEFAULT_TCP_LAND: usize = 512 << 10;
 
 /// Default of [`StreamOptions::link_stall`] (`HCOMM_LINK_STALL_US`).
 pub const DEFAULT_LINK_STALL: Duration = Duration::from_millis(40);
@@ -126,7 +130,7 @@ impl Default for StreamOptions {
             tcp_spin: DEFAULT_TCP_SPIN,
             link_stall: DEFAULT_LINK_STALL,
             tcp_lend: DEFAULT_TCP_LEND,
-            tcp_land: false,
+            tcp_land: DEFAULT_TCP_LAND,
         }
     }
 }
@@ -1384,9 +1388,9 @@ impl TcpInbox {
         links: Arc<Links>,
         opts: &StreamOptions,
     ) -> TcpInbox {
-        let land = opts.tcp_land && !opts.tcp_spin.is_zero();
+        let land = opts.tcp_land > 0 && !opts.tcp_spin.is_zero();
         let asm = Mutex::new(match land {
-            true => Assembler::landing(peer, links.mailbox.clone(), links.landed.clone()),
+            true => Assembler::landing(peer, links.mailbox.clone(), links.landed.clone(), opts.tcp_land),
             false => Assembler::new(peer),
         });
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);

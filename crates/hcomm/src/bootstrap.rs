@@ -242,8 +242,8 @@ impl Config {
         if let Some(min) = size_var("HCOMM_TCP_LEND")? {
             c.stream.tcp_lend = min;
         }
-        if let Ok(v) = std::env::var("HCOMM_TCP_LAND") {
-            c.stream.tcp_land = Error::parse_flag("HCOMM_TCP_LAND", &v)?;
+        if let Some(min) = size_var("HCOMM_TCP_LAND")? {
+            c.stream.tcp_land = min;
         }
         if let Some(spin) = micros_var("HCOMM_SHM_SPIN_US")? {
             c.stream.shm.spin = spin;

@@ -720,10 +720,10 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Errors
     /// As [`Communicator::recv`], and a mismatch error if the lengths differ.
     ///
-    /// With `HCOMM_TCP_LAND=1`, over a plain TCP connection a message of 64 KiB or
-    /// more for which this receive waits lands in `buf`: the future reads it from
-    /// the socket into `buf` itself while it is polled, instead of copying it out of a
-    /// buffer the connection's reader filled.
+    /// Over a plain TCP connection a message of `HCOMM_TCP_LAND` bytes or more
+    /// (512 KiB by default; `0`: never) for which this receive waits lands in `buf`:
+    /// the future reads it from the socket into `buf` itself while it is polled,
+    /// instead of copying it out of a buffer the connection's reader filled.
     ///
     /// # Cancel safety
     /// As [`Communicator::recv`], except that a message that began to land in `buf`

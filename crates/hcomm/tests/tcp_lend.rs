@@ -1,10 +1,10 @@
 //! Large messages over plain TCP without copies in user space. Sends lent to the
 //! writer (`StreamOptions::tcp_lend`, `HCOMM_TCP_LEND`): a `send` of a slice of 64 KiB
 //! or more is written straight from the caller's memory instead of a copy made at the
-//! call. Receives that land (`StreamOptions::tcp_land`, `HCOMM_TCP_LAND=1`, off by
-//! default): a
-//! `recv_into` of 64 KiB or more posted before its message comes reads it from the
-//! socket into its buffer itself. Every way of receiving on both sides of the
+//! call. Receives that land (`StreamOptions::tcp_land`, `HCOMM_TCP_LAND`, from
+//! 512 KiB by default, from 64 KiB at the least): a `recv_into` of a message that
+//! large, posted before the message comes, reads it from the socket into its buffer
+//! itself. Every way of receiving on both sides of the
 //! threshold; lent and copied messages under one tag in flight together; a send
 //! dropped before or while the writer sends it, its buffer reused at once; a receive
 //! dropped while its message lands. Ranks are tasks of this process, linked by
@@ -144,7 +144,7 @@ fn landed(c: &Communicator<StreamTransport>) -> (u64, u64, u64) {
 /// element type lands too, and is refused all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_receives_land_in_their_buffer() {
-    let comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = true).await.unwrap();
+    let comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = 1).await.unwrap();
     let (a, b) = (&comms[0], &comms[1]);
     let sizes = [LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 1_048_583, 3_000_017, 9_000_001];
     for (i, &len) in sizes.iter().enumerate() {
@@ -180,7 +180,7 @@ async fn large_receives_land_in_their_buffer() {
 /// tag gets a whole message, never a mix of two, and the link goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_dropped_while_its_message_lands() {
-    let mut comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = true).await.unwrap();
+    let mut comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = 1).await.unwrap();
     comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
     let (a, b) = (&comms[0], &comms[1]);
     let len = 64 << 20;
@@ -216,16 +216,32 @@ async fn a_receive_dropped_while_its_message_lands() {
     y.unwrap();
 }
 
-/// Without `HCOMM_TCP_LAND=1` (here `Config::stream.tcp_land`, off by default)
-/// nothing lands: the same receives copy out of the reader's buffers.
+/// By default, messages of 512 KiB and more land and shorter ones do not; with
+/// `HCOMM_TCP_LAND=0` (here `Config::stream.tcp_land`) nothing lands: the same
+/// receives copy out of the reader's buffers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nothing_lands_by_default() {
-    let comms = hcomm::local_tcp(2).await.unwrap();
-    let data = random_bytes(1 << 20, 6);
-    let mut out = vec![0u8; 1 << 20];
-    let (r, s) = futures::join!(comms[1].recv_into(0, 1, &mut out), comms[0].send(1, 1, &data));
-    s.unwrap();
-    r.unwrap();
-    assert!(out == data);
-    assert_eq!(landed(&comms[1]), (0, 0, 0));
+async fn what_lands_by_default_and_when_off() {
+    for off in [false, true] {
+        let comms = hcomm::local_tcp_with(2, |c| {
+            assert_eq!(c.stream.tcp_land, 512 << 10);
+            if off {
+                c.stream.tcp_land = 0;
+            }
+        })
+        .await
+        .unwrap();
+        for len in [(512 << 10) - 1, 512 << 10, 1 << 20] {
+            let data = random_bytes(len, 6);
+            let mut out = vec![0u8; len];
+            let (r, s) = futures::join!(comms[1].recv_into(0, 1, &mut out), comms[0].send(1, 1, &data));
+            s.unwrap();
+            r.unwrap();
+            assert!(out == data, "{len} B");
+        }
+        let (messages, own, pieces) = landed(&comms[1]);
+        match off {
+            true => assert_eq!((messages, own, pieces), (0, 0, 0)),
+            false => assert_eq!((messages, own + pieces), (2, (512 << 10) + (1 << 20)), "{:?}", landed(&comms[1])),
+        }
+    }
 }
