@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Collectives over TCP in interleaved rounds, 2 ranks: each round runs OpenMPI over
+# Collectives over TCP in interleaved rounds, 2 ranks (or RANKS, as processes that
+# oversubscribe the cores above 2): each round runs OpenMPI over
 # TCP (`--mca btl self,tcp --mca mpi_yield_when_idle 1`, benches/compare/mpi_coll.c),
 # then each given hcomm-bench binary over tcp, over the same sizes, and prints one
 # Markdown table: per size, the median time of each, the median of each binary's
@@ -13,6 +14,7 @@
 #   bash benches/compare/coll_rounds.sh 5 broadcast,allreduce 8 16777216 old/hcomm-bench target/release/hcomm-bench
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+ranks=${RANKS:-2}
 rounds=${1:?rounds}
 ops=${2:?operations}
 min=${3:?smallest size}
@@ -28,13 +30,14 @@ rm -rf $out
 mkdir -p $out
 mpicc -O2 -o target/compare/mpi_coll benches/compare/mpi_coll.c
 for r in $(seq 1 "$rounds"); do
-    mpirun -n 2 --mca btl self,tcp --mca mpi_yield_when_idle 1 target/compare/mpi_coll "$min" "$max" "$ops" >$out/ompi-$r.txt
+    mpirun --oversubscribe -n "$ranks" --mca btl self,tcp --mca mpi_yield_when_idle 1 target/compare/mpi_coll "$min" "$max" "$ops" >$out/ompi-$r.txt
     b=0
     for bin in "$@"; do
         b=$((b + 1))
-        "$bin" --transport tcp --ops "$ops" --min "$min" --max "$max" --no-progress 2>&1 | grep -v '^#' >$out/hcomm$b-$r.txt
+        "$bin" --ranks "$ranks" --transport tcp --ops "$ops" --min "$min" --max "$max" --no-progress 2>&1 | grep -v '^#' >$out/hcomm$b-$r.txt
     done
 done
+echo "ranks: $ranks (processes); TCP congestion control: $(cat /proc/sys/net/ipv4/tcp_congestion_control) (system default)"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r); $(date -u +%F)"
 python3 - "$out" "$rounds" "$#" <<'PY'
 import sys, statistics as st

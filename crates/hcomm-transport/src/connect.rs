@@ -54,16 +54,20 @@ pub struct MeshOptions {
 /// Which TCP congestion control the connections between ranks use.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Congestion {
-    /// The system's default, unless that is BBR: then CUBIC, or Reno where CUBIC is
-    /// not allowed to unprivileged processes. BBR paces every connection's segments
-    /// at its estimate of the path's bandwidth; on loopback and LAN links, whose
-    /// round trips are tens of microseconds, that estimate drops after the spurious
-    /// retransmissions loopback reordering causes, and the connection then keeps
-    /// each segment waiting for its pacing slot (`ss -ti`: `ssthresh:8`, pacing at
-    /// 35 Gbit/s). Measured on 2 ranks over loopback (BENCHMARKS.md): allreduce of
-    /// 64 KiB to 16 MiB 1.4-1.75x the time under BBR, and a 128 KiB window of `bw`
-    /// at 2.7x. The other congestion controls Linux ships pace only under the `fq`
-    /// queueing discipline.
+    /// Reno where the system's default is BBR or CUBIC (Linux's default), else
+    /// the system's (DCTCP, say, which a data centre chose on purpose). Measured over
+    /// loopback (BENCHMARKS.md):
+    /// - BBR paces every connection's segments at its estimate of the path's
+    ///   bandwidth. With round trips of tens of microseconds that estimate drops
+    ///   after the spurious retransmissions loopback reordering causes, and each
+    ///   64 KiB segment then waits for its pacing slot (`ss -ti`: `ssthresh:8`,
+    ///   pacing at 35 Gbit/s). On 2 ranks, allreduce of 128 KiB to 16 MiB took
+    ///   1.2-1.5x the time under BBR, a window of 128 KiB `bw` messages 2.7x.
+    /// - CUBIC matched Reno on 2 ranks but took 1.16-1.6x Reno's time for allreduce
+    ///   and broadcast of 64 KiB to 1 MiB on 4 ranks (processes sharing 2 cores).
+    ///
+    /// Reno is built into every Linux kernel and always allowed to unprivileged
+    /// processes.
     #[default]
     Auto,
     /// The system's default (`net.ipv4.tcp_congestion_control`), whatever it is.
@@ -110,8 +114,8 @@ impl Congestion {
         Ok(c)
     }
 
-    /// Sets the congestion control of `s` as chosen. `Auto` keeps BBR where it can
-    /// set neither CUBIC nor Reno; a name that the kernel refuses is an error
+    /// Sets the congestion control of `s` as chosen. `Auto` keeps the system's
+    /// where Reno cannot be set; a name that the kernel refuses is an error
     /// ([`Congestion::parse`] checks it once, before any connection).
     fn apply(&self, s: &TcpStream) -> std::io::Result<()> {
         let sock = socket2::SockRef::from(s);
@@ -119,12 +123,11 @@ impl Congestion {
             Congestion::System => Ok(()),
             Congestion::Named(name) => sock.set_tcp_congestion(name.as_bytes()),
             Congestion::Auto => {
-                if sock.tcp_congestion().is_ok_and(|cc| cc.starts_with(b"bbr")) {
-                    // CUBIC is not always in the allowed list; Reno always is.
-                    let set = sock.set_tcp_congestion(b"cubic").or_else(|_| sock.set_tcp_congestion(b"reno"));
-                    if let Err(e) = set {
-                        tracing::debug!(error = %e, "kept BBR: neither CUBIC nor Reno could be set");
-                    }
+                let replace = |cc: Vec<u8>| cc.starts_with(b"bbr") || cc.starts_with(b"cubic\0") || cc == b"cubic";
+                if sock.tcp_congestion().is_ok_and(replace)
+                    && let Err(e) = sock.set_tcp_congestion(b"reno")
+                {
+                    tracing::debug!(error = %e, "kept the system's congestion control: Reno could not be set");
                 }
                 Ok(())
             }

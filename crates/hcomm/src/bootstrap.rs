@@ -72,7 +72,7 @@ pub struct Config {
     /// `None`: any free port.
     pub port_range: Option<(u16, u16)>,
     /// The TCP congestion control of the connections between ranks
-    /// (`HCOMM_TCP_CONGESTION`: `auto`, the default, replaces BBR with CUBIC or Reno;
+    /// (`HCOMM_TCP_CONGESTION`: `auto`, the default, replaces BBR and CUBIC with Reno;
     /// `system` keeps the system's; or a kernel name). See
     /// [`hcomm_transport::Congestion`].
     pub congestion: Congestion,
