@@ -35,11 +35,8 @@ done
 HCOMM_SHM_POLL_US=50 $hb --transport shm --ops latency,bw,latency_bytes,bw_bytes --min $min --max $max --no-progress --csv $out/p2p-hcomm-shmpoll.csv >/dev/null
 mpirun -n 2 $out/mpi_p2p $min $max $iters >$out/p2p-ompi-sm.txt
 mpirun -n 2 --mca btl self,tcp $out/mpi_p2p $min $max $iters >$out/p2p-ompi-tcp.txt
-iperf3 -s -1 -p 5398 >/dev/null 2>&1 &
-sleep 1
-iperf=$(iperf3 -c 127.0.0.1 -p 5398 -t 3 -J | python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))')
-wait
-echo "loopback TCP (iperf3, 1 stream, 3 s): $iperf GB/s"
+read -r iperf iperf_cc < <(PORT=5398 bash benches/compare/iperf_best.sh)
+echo "loopback TCP (iperf3, 1 stream, 3 s, the best of the system's congestion control, Reno and CUBIC): $iperf GB/s under $iperf_cc"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r)"
 echo "date: $(date -u +%F), 2 ranks, one process each; iterations: OpenMPI $iters per size (a tenth from 1 MiB), HComm 64 MiB worth per size (10 to 1000)"
 echo

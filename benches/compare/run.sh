@@ -21,10 +21,8 @@ cargo build -q --release --bin hcomm --example ring_allreduce
 hc=target/release/hcomm
 ex=target/release/examples/ring_allreduce
 
-iperf3 -s -1 -p 5399 >/dev/null 2>&1 &
-sleep 0.5
-bw=$(iperf3 -c 127.0.0.1 -p 5399 -t 3 -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))')
-echo "loopback TCP (iperf3, 1 stream, 3 s): $bw GB/s"
+read -r bw bw_cc < <(PORT=5399 bash benches/compare/iperf_best.sh)
+echo "loopback TCP (iperf3, 1 stream, 3 s, the best of the system's congestion control, Reno and CUBIC): $bw GB/s under $bw_cc"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r)"
 echo "date: $(date -u +%F), iterations: $iters (median)"
 echo
