@@ -61,8 +61,9 @@ pub enum Congestion {
     ///   bandwidth. With round trips of tens of microseconds that estimate drops
     ///   after the spurious retransmissions loopback reordering causes, and each
     ///   64 KiB segment then waits for its pacing slot (`ss -ti`: `ssthresh:8`,
-    ///   pacing at 35 Gbit/s). On 2 ranks, allreduce of 128 KiB to 16 MiB took
-    ///   1.2-1.5x the time under BBR, a window of 128 KiB `bw` messages 2.7x.
+    ///   pacing at 35 Gbit/s). On 2 ranks, against CUBIC, allreduce of 128 KiB to
+    ///   16 MiB took up to 1.54x the time under BBR (1.0x at 512 KiB), a window of
+    ///   128 KiB `bw` messages 2.6x.
     /// - CUBIC matched Reno on 2 ranks but took 1.16-1.6x Reno's time for allreduce
     ///   and broadcast of 64 KiB to 1 MiB on 4 ranks (processes sharing 2 cores).
     ///
@@ -123,7 +124,11 @@ impl Congestion {
             Congestion::System => Ok(()),
             Congestion::Named(name) => sock.set_tcp_congestion(name.as_bytes()),
             Congestion::Auto => {
-                let replace = |cc: Vec<u8>| cc.starts_with(b"bbr") || cc.starts_with(b"cubic\0") || cc == b"cubic";
+                // The kernel pads the name with NULs.
+                let replace = |cc: Vec<u8>| {
+                    let name = cc.split(|&b| b == 0).next().unwrap_or_default();
+                    name.starts_with(b"bbr") || name == b"cubic"
+                };
                 if sock.tcp_congestion().is_ok_and(replace)
                     && let Err(e) = sock.set_tcp_congestion(b"reno")
                 {
