@@ -24,9 +24,10 @@ pub struct TuneOptions {
     /// Timed runs of each algorithm at a size where one run moves 8 MiB or more; more
     /// at smaller sizes (up to 8 times this), as their times are noisier.
     pub reps: usize,
-    /// Passes over all sizes, minutes apart on a large sweep; an algorithm's time at
-    /// a size is the mean of its passes' medians, so that a slow phase of a shared
-    /// machine during one pass does not decide alone.
+    /// Passes over all sizes. The first times every algorithm; each later pass
+    /// times, twice as often, only the algorithms within 1.25x of the first pass's
+    /// best at that size, and the later passes' summed medians decide (with one
+    /// pass, the first decides).
     pub passes: usize,
     /// Factor between measured sizes (2 or more); sizes between take the choice of
     /// the nearest on a log scale.
@@ -120,7 +121,8 @@ impl<T: LocalTransport> Communicator<T> {
     /// at each size and uses that table for automatic selection from now on (forced
     /// algorithms, per call or by environment, still win). The algorithms take turns
     /// within each round, each after a barrier; an algorithm's time is the median over
-    /// rounds of the slowest rank's, so every rank decides alike. Collective.
+    /// rounds of the slowest rank's, so every rank decides alike. Passes after the
+    /// first time only the contenders (see [`TuneOptions::passes`]). Collective.
     ///
     /// Takes a few seconds for 16 MiB on loopback; the table is for this
     /// communicator's rank count (a split communicator falls back to the cost model).
