@@ -138,15 +138,12 @@ impl<T: LocalTransport> Communicator<T> {
         let (whole, block) =
             (tune_sizes(opts.max_bytes, opts.step), tune_sizes((opts.max_bytes / n).max(8), opts.step));
         let reps = |bytes: usize| ((8 << 20) / bytes.max(1)).clamp(opts.reps.max(1), 8 * opts.reps.max(1));
-        let zero = |k: usize, sizes: &[usize]| vec![vec![0.0; k]; sizes.len()];
         // The hierarchical allreduce is measured where the topology has a hierarchy.
-        let allreduce_algos = AllreduceAlgo::candidates(self.group.layout());
-        let (mut ar, mut bc) = (zero(allreduce_algos.len(), &whole), zero(BcastAlgo::ALL.len(), &whole));
-        let (mut ag, mut rs, mut aa) = (
-            zero(AllgatherAlgo::ALL.len(), &block),
-            zero(ReduceScatterAlgo::ALL.len(), &block),
-            zero(AlltoallAlgo::ALL.len(), &block),
-        );
+        let mut ar = Family::new(&AllreduceAlgo::candidates(self.group.layout()), whole.len());
+        let mut bc = Family::new(&BcastAlgo::ALL, whole.len());
+        let mut ag = Family::new(&AllgatherAlgo::ALL, block.len());
+        let mut rs = Family::new(&ReduceScatterAlgo::ALL, block.len());
+        let mut aa = Family::new(&AlltoallAlgo::ALL, block.len());
         // Warm the links first: TCP grows its windows and buffers over a connection's
         // first large transfers, and timings taken before would not hold after.
         let mut warm = vec![0.0f32; (opts.max_bytes / 4).max(1)];
@@ -164,70 +161,60 @@ impl<T: LocalTransport> Communicator<T> {
         // there (within `CONTEND` of the best at that size), twice as often, and
         // decide alone (see `CONTEND`).
         let passes = opts.passes.max(1);
-        let (mut ar2, mut bc2) = (ar.clone(), bc.clone());
-        let (mut ag2, mut rs2, mut aa2) = (ag.clone(), rs.clone(), aa.clone());
         for pass in 0..passes {
             let r = |bytes: usize| if pass == 0 { reps(bytes) } else { 2 * reps(bytes) };
             for (i, &bytes) in whole.iter().enumerate() {
                 let mut buf = vec![1.0f32; (bytes / 4).max(1)];
-                let set = contenders(pass, &ar[i]);
-                let t = self
-                    .medians(&pick(&allreduce_algos, &set), r(bytes), async |a| {
-                        self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await
-                    })
-                    .await?;
-                record(pass, &mut ar[i], &mut ar2[i], &set, &t);
-                let set = contenders(pass, &bc[i]);
-                let t = self
-                    .medians(&pick(&BcastAlgo::ALL, &set), r(bytes), async |a| {
-                        self.broadcast_with(&mut buf, 0, a).await
-                    })
-                    .await?;
-                record(pass, &mut bc[i], &mut bc2[i], &set, &t);
+                self.time_pass(&mut ar, i, pass, r(bytes), async |a| {
+                    self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await
+                })
+                .await?;
+                self.time_pass(&mut bc, i, pass, r(bytes), async |a| self.broadcast_with(&mut buf, 0, a).await).await?;
             }
             for (i, &bytes) in block.iter().enumerate() {
                 let c = (bytes / 4).max(1);
                 let (mine, mut all) = (vec![1.0f32; c], vec![0.0f32; n * c]);
                 let r = r(bytes * n);
-                let set = contenders(pass, &ag[i]);
-                let t = self
-                    .medians(&pick(&AllgatherAlgo::ALL, &set), r, async |a| {
-                        self.all_gather_with(&mine, &mut all, a).await
-                    })
-                    .await?;
-                record(pass, &mut ag[i], &mut ag2[i], &set, &t);
+                self.time_pass(&mut ag, i, pass, r, async |a| self.all_gather_with(&mine, &mut all, a).await).await?;
                 let mut out = vec![0.0f32; c];
-                let set = contenders(pass, &rs[i]);
-                let t = self
-                    .medians(&pick(&ReduceScatterAlgo::ALL, &set), r, async |a| {
-                        self.reduce_scatter_with(&all, &mut out, ReduceOp::Sum, a).await
-                    })
-                    .await?;
-                record(pass, &mut rs[i], &mut rs2[i], &set, &t);
+                self.time_pass(&mut rs, i, pass, r, async |a| {
+                    self.reduce_scatter_with(&all, &mut out, ReduceOp::Sum, a).await
+                })
+                .await?;
                 let mut got = vec![0.0f32; n * c];
-                let set = contenders(pass, &aa[i]);
-                let t = self
-                    .medians(&pick(&AlltoallAlgo::ALL, &set), r, async |a| {
-                        self.all_to_all_with(&all, &mut got, a).await
-                    })
-                    .await?;
-                record(pass, &mut aa[i], &mut aa2[i], &set, &t);
+                self.time_pass(&mut aa, i, pass, r, async |a| self.all_to_all_with(&all, &mut got, a).await).await?;
             }
         }
-        let decide = |first: Vec<Vec<f64>>, later: Vec<Vec<f64>>| if passes > 1 { later } else { first };
         let m = Measured {
             ranks: n,
-            allreduce: fastest(&whole, &decide(ar, ar2), &allreduce_algos),
-            broadcast: fastest(&whole, &decide(bc, bc2), &BcastAlgo::ALL),
-            allgather: fastest(&block, &decide(ag, ag2), &AllgatherAlgo::ALL),
-            reduce_scatter: fastest(&block, &decide(rs, rs2), &ReduceScatterAlgo::ALL),
-            alltoall: fastest(&block, &decide(aa, aa2), &AlltoallAlgo::ALL),
+            allreduce: ar.table(&whole, passes),
+            broadcast: bc.table(&whole, passes),
+            allgather: ag.table(&block, passes),
+            reduce_scatter: rs.table(&block, passes),
+            alltoall: aa.table(&block, passes),
         };
         let mut t = self.tuning().clone();
         t.measured = m.clone();
         self.set_tuning(t);
         tracing::debug!(?m, "tuned");
         Ok(m)
+    }
+
+    /// Times pass `pass` of one family at its size `i`: the algorithms
+    /// [`contenders`] names, with `run`, recorded in `f`.
+    async fn time_pass<A: Copy>(
+        &self,
+        f: &mut Family<A>,
+        i: usize,
+        pass: usize,
+        reps: usize,
+        run: impl AsyncFnMut(A) -> Result<()>,
+    ) -> Result<()> {
+        let set = contenders(pass, &f.first[i]);
+        let algos: Vec<A> = set.iter().map(|&j| f.algos[j]).collect();
+        let t = self.medians(&algos, reps, run).await?;
+        record(pass, &mut f.first[i], &mut f.later[i], &set, &t);
+        Ok(())
     }
 
     /// The time `run` takes with each of `algos`: median over `reps` rounds (after
@@ -279,9 +266,24 @@ fn contenders(pass: usize, first: &[f64]) -> Vec<usize> {
     (0..first.len()).filter(|&j| pass == 0 || first[j] <= best * CONTEND).collect()
 }
 
-/// The algorithms at `set`.
-fn pick<A: Copy>(algos: &[A], set: &[usize]) -> Vec<A> {
-    set.iter().map(|&j| algos[j]).collect()
+/// One family's measurements, per size and algorithm: the first pass's times, and
+/// the later passes' sums.
+struct Family<A> {
+    algos: Vec<A>,
+    first: Vec<Vec<f64>>,
+    later: Vec<Vec<f64>>,
+}
+
+impl<A: Copy> Family<A> {
+    fn new(algos: &[A], sizes: usize) -> Family<A> {
+        let zero = vec![vec![0.0; algos.len()]; sizes];
+        Family { algos: algos.to_vec(), first: zero.clone(), later: zero }
+    }
+
+    /// The choice at each of `sizes`: by the later passes if there were any.
+    fn table(&self, sizes: &[usize], passes: usize) -> Vec<(usize, A)> {
+        fastest(sizes, if passes > 1 { &self.later } else { &self.first }, &self.algos)
+    }
 }
 
 /// Records a pass's times of the algorithms at `set`: the first pass's in `first`,
