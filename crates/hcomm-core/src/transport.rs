@@ -129,3 +129,30 @@ pub trait LocalTransport {
     /// after [`LocalTransport::close`].
     fn shutdown(&self, deadline: std::time::Duration) -> impl Future<Output = Result<()>>;
 }
+
+thread_local! {
+    static GATHERING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` as a scope in which the caller is about to send several messages, some
+/// of them to the same peer (a rooted collective's data beside its argument check):
+/// a transport that would write a small message to its connection in the call (see
+/// [`gathering`]) queues it for its writer instead, which sends the scope's messages
+/// to each peer in one system call. The scope is this thread's, for the length of
+/// `f`.
+pub fn gather<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            GATHERING.with(|g| g.set(self.0));
+        }
+    }
+    let _reset = Reset(GATHERING.with(|g| g.replace(true)));
+    f()
+}
+
+/// Whether this thread is inside [`gather`]: transports that write small messages
+/// directly (TCP's `tcp_direct`) queue them instead.
+pub fn gathering() -> bool {
+    GATHERING.with(std::cell::Cell::get)
+}

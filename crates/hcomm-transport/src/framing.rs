@@ -44,12 +44,21 @@ pub(crate) struct Outgoing {
     /// is then empty).
     pub lent: Option<Arc<Loan>>,
     pub done: Option<oneshot::Sender<Result<()>>>,
+    /// `payload` is the rest of a frame the sending task began writing to the socket
+    /// itself ([`Outgoing::rest`]): written as it is, before anything else.
+    pub raw: bool,
 }
 
 impl Outgoing {
     /// A message whose payload is here.
     pub(crate) fn new(header: Header, payload: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Outgoing {
-        Outgoing { header, payload, lent: None, done }
+        Outgoing { header, payload, lent: None, done, raw: false }
+    }
+
+    /// The unwritten end of a frame whose start a sending task wrote to the socket
+    /// directly: it goes out next, whole, before any queued message.
+    pub(crate) fn rest(header: Header, bytes: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Outgoing {
+        Outgoing { header, payload: bytes, lent: None, done, raw: true }
     }
 
     fn len(&self) -> usize {
@@ -85,6 +94,8 @@ fn same_key(a: &Header, b: &Header) -> bool {
 /// being sent, so messages with one key arrive in the order they were queued.
 #[derive(Debug)]
 pub(crate) struct WriteQueue {
+    /// Ends of frames begun directly ([`Outgoing::rest`]), written first.
+    raw: VecDeque<Outgoing>,
     pending: VecDeque<Outgoing>,
     active: VecDeque<Active>,
     finished: Vec<oneshot::Sender<Result<()>>>,
@@ -97,6 +108,7 @@ pub(crate) struct WriteQueue {
 impl WriteQueue {
     pub fn new(fragment: usize) -> WriteQueue {
         WriteQueue {
+            raw: VecDeque::new(),
             pending: VecDeque::new(),
             active: VecDeque::new(),
             finished: Vec::new(),
@@ -107,11 +119,14 @@ impl WriteQueue {
     }
 
     pub fn push(&mut self, o: Outgoing) {
-        self.pending.push_back(o);
+        match o.raw {
+            true => self.raw.push_back(o),
+            false => self.pending.push_back(o),
+        }
     }
 
     pub fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.active.is_empty()
+        self.raw.is_empty() && self.pending.is_empty() && self.active.is_empty()
     }
 
     /// Starts messages from the pending queue, skipping (but keeping in order) any
@@ -141,6 +156,16 @@ impl WriteQueue {
     /// whatever its size): then its header ends the batch and its payload is
     /// returned, to be written right after the batch.
     pub fn fill(&mut self, batch: &mut BytesMut) -> Option<Big> {
+        // A frame's end left by a direct write was queued while nothing else was
+        // (the writer was idle), so nothing queued can precede it.
+        while let Some(mut r) = self.raw.pop_front() {
+            self.completed += 1;
+            self.finished.extend(r.done.take());
+            if r.payload.len() > COPY_LIMIT {
+                return Some(Big::Bytes(r.payload));
+            }
+            batch.extend_from_slice(&r.payload);
+        }
         loop {
             self.activate();
             let mut a = self.active.pop_front()?;
@@ -188,6 +213,7 @@ impl WriteQueue {
         let txs = self
             .finished
             .drain(..)
+            .chain(self.raw.drain(..).filter_map(|o| o.done))
             .chain(self.active.drain(..).filter_map(|a| a.done))
             .chain(self.pending.drain(..).filter_map(|o| o.done));
         for tx in txs {
@@ -735,6 +761,32 @@ mod tests {
         assert_eq!(out[2].1, vec![1; 100_000]);
         assert_eq!(out[3].1, vec![2; 10]);
         assert!(out[1].1.is_empty());
+    }
+
+    /// A frame whose start a sending task wrote itself (as a direct write taken in
+    /// part): its rest, queued before messages queued later, goes out first and
+    /// whole, whatever its size, and the stream parses as if one writer wrote it all.
+    #[test]
+    fn the_rest_of_a_direct_write_goes_first() {
+        for (len, cut) in [(10, 3), (10, HEADER_LEN + 4), (100_000, HEADER_LEN + 20_000), (0, 1)] {
+            let mut h = Header::data(1, 0, 0, 7, &Signature::bare(OpKind::Send, len as u64), len);
+            (h.msg_id, h.msg_len, h.offset, h.frag_len) = (u64::MAX, len as u64, 0, len as u32);
+            let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let whole = [&h.encode()[..], &payload].concat();
+            let (sent, rest) = whole.split_at(cut);
+            let (tx, mut rx) = oneshot::channel();
+            // Queued after the rest: a large message and a small one.
+            let wire = encode(
+                vec![Outgoing::rest(h, Bytes::copy_from_slice(rest), Some(tx)), msg(8, 70_000, 5), msg(9, 3, 6)],
+                4096,
+            );
+            let mut a = Assembler::new(1);
+            let mut out = Vec::new();
+            push(&mut a, &[sent, &wire].concat(), &mut out).unwrap();
+            let got: Vec<(u32, Vec<u8>)> = out.into_iter().map(|f| (f.header.tag, f.payload.to_vec())).collect();
+            assert_eq!(got, vec![(7, payload), (9, vec![6; 3]), (8, vec![5; 70_000])], "{len} B cut at {cut}");
+            assert!(matches!(rx.try_recv(), Ok(Ok(()))), "the rest's sender learns it was written");
+        }
     }
 
     #[test]

@@ -89,7 +89,28 @@ pub struct StreamOptions {
     /// took 0.56-0.72x the `bw` time and 0.60-0.85x the broadcast time at 512 KiB to
     /// 16 MiB, but 1.02-1.10x the time of allreduce and broadcast at 64-256 KiB.
     pub tcp_land: usize,
+    /// Data messages of at most this many bytes to a peer over a plain tokio TCP
+    /// connection are written to the socket by the sending task itself, in its call,
+    /// when the connection's writer task has nothing queued (else they are queued
+    /// behind it, as before). This saves the hand-over to the writer task (a channel,
+    /// a wake-up, a task switch) on the latency path. A write the kernel takes only
+    /// in part leaves the rest to the writer task, ahead of anything queued later.
+    /// Zero: every message goes through the writer task. Not used by io_uring, TLS,
+    /// several connections per peer, or shared memory (which writes small messages
+    /// into its ring directly by its own means).
+    pub tcp_direct: usize,
 }
+
+/// A send that comes within this long of the end of the last direct write to the
+/// same peer is queued instead ([`StreamOptions::tcp_direct`]): a window of small
+/// sends then goes out in the writer task's few large writes, not one system call
+/// each (which halved the message rate of 8-512 byte `bw_bytes` windows). A lone
+/// message, or one sent after a reply came (a round trip, 10 µs on loopback), is
+/// written directly.
+const BURST_GAP: Duration = Duration::from_micros(2);
+
+/// Default of [`StreamOptions::tcp_direct`] (`HCOMM_TCP_DIRECT`).
+pub const DEFAULT_TCP_DIRECT: usize = 64 << 10;
 
 /// Default of [`StreamOptions::tcp_lend`] (`HCOMM_TCP_LEND`).
 pub const DEFAULT_TCP_LEND: usize = 64 << 10;
@@ -131,6 +152,7 @@ impl Default for StreamOptions {
             link_stall: DEFAULT_LINK_STALL,
             tcp_lend: DEFAULT_TCP_LEND,
             tcp_land: DEFAULT_TCP_LAND,
+            tcp_direct: DEFAULT_TCP_DIRECT,
         }
     }
 }
@@ -182,6 +204,12 @@ pub(crate) struct Links {
     /// that reads its own message spins only while its writer has nothing to send
     /// ([`TcpInbox::drain`]).
     pub(crate) unwritten: Vec<std::sync::atomic::AtomicUsize>,
+    /// Per peer: held while a message is counted in `unwritten` and handed to the
+    /// writer, and while a sending task writes to the socket directly
+    /// ([`StreamOptions::tcp_direct`]), which it does only when `unwritten` is zero:
+    /// so a direct write never interleaves with the writer task's bytes, and a
+    /// message queued before it never goes after it.
+    pub(crate) wire: Vec<Mutex<()>>,
     tasks: Mutex<Vec<PeerTasks>>,
     /// Per peer: its bundle, if it is reached over several connections (for the
     /// watchdog's report of a silent peer).
@@ -208,6 +236,7 @@ impl Links {
             epoch: coarse_ms(),
             heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
             unwritten: (0..size).map(|_| std::sync::atomic::AtomicUsize::new(0)).collect(),
+            wire: (0..size).map(|_| Mutex::new(())).collect(),
             tasks: Mutex::new(vec![PeerTasks::default(); size]),
             bundles: Mutex::new(vec![None; size]),
             closed: AtomicBool::new(false),
@@ -345,6 +374,18 @@ pub struct StreamTransport {
     /// The peers reached over shared memory: small sends write into the ring
     /// themselves when its writer task is idle.
     direct: Vec<Option<Arc<crate::shm::ShmOut>>>,
+    /// The peers reached over a plain tokio TCP connection whose small data messages
+    /// the sending task writes to the socket itself ([`StreamOptions::tcp_direct`]):
+    /// their receiving sides, which hold the socket open.
+    tcp_direct: Vec<Option<Arc<TcpInbox>>>,
+    /// [`StreamOptions::tcp_direct`].
+    tcp_direct_max: usize,
+    /// Per peer, when the last direct write to it ended (nanoseconds since `epoch`),
+    /// under its wire lock: see [`BURST_GAP`].
+    direct_end: Vec<AtomicU64>,
+    epoch: std::time::Instant,
+    /// Messages written directly: whole, and begun (the rest left to the writer).
+    direct_writes: (AtomicU64, AtomicU64),
     /// Per peer, the least message [`Transport::send_borrowed`] lends to its writer
     /// (`usize::MAX`: none; see [`StreamOptions::tcp_lend`]).
     lend_min: Vec<usize>,
@@ -446,6 +487,11 @@ impl StreamTransport {
             bundles: vec![None; size],
             encrypted: vec![false; size],
             direct: vec![None; size],
+            tcp_direct: vec![None; size],
+            tcp_direct_max: 0,
+            direct_end: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            epoch: std::time::Instant::now(),
+            direct_writes: (AtomicU64::new(0), AtomicU64::new(0)),
             lend_min: vec![usize::MAX; size],
             loans: (AtomicU64::new(0), Arc::new(AtomicU64::new(0))),
         };
@@ -480,6 +526,10 @@ impl StreamTransport {
                     }
                     let (rd, wr) = s.into_split();
                     let inbox = Arc::new(TcpInbox::new(rd, peer, t.shared.clone(), opts));
+                    if opts.tcp_direct > 0 {
+                        t.tcp_direct[peer] = Some(inbox.clone());
+                        t.tcp_direct_max = opts.tcp_direct;
+                    }
                     polled[peer] = Some(Arc::downgrade(&inbox) as std::sync::Weak<dyn hcomm_core::mailbox::PollLink>);
                     let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin));
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
@@ -624,6 +674,12 @@ impl StreamTransport {
         {
             return Err(e);
         }
+        if direct
+            && header.kind == FrameKind::Data
+            && let Some(done) = self.write_direct(peer, header, &payload, want_done)
+        {
+            return done;
+        }
         match &self.direct[peer] {
             Some(out) => {
                 let mut queued = Ok(None);
@@ -635,6 +691,87 @@ impl StreamTransport {
             }
             None => self.queue(peer, header, payload, want_done),
         }
+    }
+
+    /// Writes data message `header` (its `src` set) with payload `data` to the plain
+    /// TCP connection to `peer` in this call, if [`StreamOptions::tcp_direct`] allows
+    /// it and the writer task holds nothing: `Some(Ok(None))` once the kernel has it
+    /// all; if it took only part, the rest is queued to the writer task (ahead of
+    /// anything queued later, with the receiver of its hand-over if `want_done`).
+    /// `None`: nothing was written, the caller queues the message.
+    fn write_direct(
+        &self,
+        peer: Rank,
+        mut header: Header,
+        data: &[u8],
+        want_done: bool,
+    ) -> Option<Result<Option<oneshot::Receiver<Result<()>>>>> {
+        let inbox = self.tcp_direct.get(peer)?.as_ref()?;
+        if hcomm_core::transport::gathering() {
+            return None;
+        }
+        let len = data.len();
+        if len > self.tcp_direct_max || self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        let _wire = self.shared.wire[peer].try_lock()?;
+        if self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 || self.mailbox.peer_failure(peer).is_some() {
+            return None;
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let last = self.direct_end[peer].load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < BURST_GAP.as_nanos() as u64 {
+            // A burst: the writer task gathers it into few system calls.
+            return None;
+        }
+        // One whole frame, numbered apart from the writer's messages (whose frames
+        // never interleave with it: the writer holds nothing).
+        header.msg_id = u64::MAX;
+        header.msg_len = len as u64;
+        header.offset = 0;
+        header.frag_len = len as u32;
+        let head = header.encode();
+        let parts = [std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
+        let stream: &tokio::net::TcpStream = inbox.half.as_ref();
+        let n = stream.try_write_vectored(&parts);
+        self.direct_end[peer].store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Relaxed);
+        let n = match n {
+            Ok(n) if n == head.len() + len => {
+                self.direct_writes.0.fetch_add(1, Ordering::Relaxed);
+                return Some(Ok(None));
+            }
+            Ok(n) => n,
+            // Full, or broken (the reader and writer report that): the writer's turn.
+            Err(_) => return None,
+        };
+        let mut rest = BytesMut::with_capacity(head.len() + len - n);
+        if n < head.len() {
+            rest.extend_from_slice(&head[n..]);
+            rest.extend_from_slice(data);
+        } else {
+            rest.extend_from_slice(&data[n - head.len()..]);
+        }
+        let (tx, rx) = match want_done {
+            true => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        self.direct_writes.1.fetch_add(1, Ordering::Relaxed);
+        // Still under the wire lock: nothing can be queued before the rest.
+        self.shared.unwritten[peer].fetch_add(1, Ordering::Relaxed);
+        let link = self.links[peer].as_ref().expect("a TCP peer has a writer");
+        if link.send(Outgoing::rest(header, rest.freeze(), tx)).is_err() {
+            self.shared.unwritten[peer].fetch_sub(1, Ordering::Relaxed);
+            // The writer is gone mid-frame: the connection is of no more use.
+            return Some(Err(self.mailbox.peer_failure(peer).unwrap_or_else(|| {
+                Error::new(ErrorKind::Closed, "transport closed while a message was being sent")
+                    .at_rank(self.rank)
+                    .with_peer(peer)
+            })));
+        }
+        Some(Ok(rx))
     }
 
     /// Hands a message to `peer`'s writer task; with `want_done`, with the receiver of
@@ -667,6 +804,7 @@ impl StreamTransport {
             message.done = Some(tx);
             rx
         });
+        let _wire = self.shared.wire[peer].lock();
         self.shared.unwritten[peer].fetch_add(1, Ordering::Relaxed);
         link.send(message).map_err(|_| {
             self.shared.unwritten[peer].fetch_sub(1, Ordering::Relaxed);
@@ -757,16 +895,25 @@ impl StreamTransport {
         let Some((out, (id, pull, frame))) = lent else {
             // A small message to a shared-memory peer goes into the ring straight from
             // `data` when nothing is queued before it; otherwise it is copied and queued.
-            return Either::Left(match out {
+            let queued = match out {
                 Some(out) if !out.lends(data.len()) && self.mailbox.peer_failure(peer).is_none() => {
                     let mut queued = Ok(None);
                     out.send_slice(header, data, |h| {
                         queued = self.queue(peer, h, self.payload_from(data), true);
                     });
-                    Either::Left(self.handed_over(peer, queued))
+                    queued
                 }
-                _ => Either::Right(self.send(peer, header, self.payload_from(data))),
-            });
+                // A small message over plain TCP goes to the socket straight from
+                // `data` when nothing is queued before it.
+                _ => {
+                    let queued = match header.kind == FrameKind::Data {
+                        true => self.write_direct(peer, header, data, true),
+                        false => None,
+                    };
+                    queued.unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, true))
+                }
+            };
+            return Either::Left(self.handed_over(peer, queued));
         };
         let key = hcomm_core::MatchKey { src: peer, comm: hcomm_core::mailbox::LOAN_COMM, seq: id, tag: 0 };
         let released = Box::pin(self.mailbox.recv_frame(key));
@@ -800,7 +947,7 @@ impl StreamTransport {
             Some(e) => Err(e),
             None => self.queue_outgoing(
                 peer,
-                Outgoing { header, payload: Bytes::new(), lent: Some(loan.clone()), done: None },
+                Outgoing { header, payload: Bytes::new(), lent: Some(loan.clone()), done: None, raw: false },
                 true,
             ),
         };
@@ -931,6 +1078,13 @@ impl StreamTransport {
     /// because their future was dropped before the writer had sent them.
     pub fn tcp_loans(&self) -> (u64, u64) {
         (self.loans.0.load(Ordering::Relaxed), self.loans.1.load(Ordering::Relaxed))
+    }
+
+    /// Data messages the sending task wrote to a plain TCP connection itself
+    /// ([`StreamOptions::tcp_direct`]): how many went whole, and how many the
+    /// kernel took only in part (their rest went through the writer task).
+    pub fn tcp_direct_writes(&self) -> (u64, u64) {
+        (self.direct_writes.0.load(Ordering::Relaxed), self.direct_writes.1.load(Ordering::Relaxed))
     }
 
     /// Messages that landed in their receive's buffer over TCP
@@ -1082,6 +1236,9 @@ async fn write_loop<L: WriteLink>(
                     Ok(next) => next,
                     // Idle for a heartbeat period: tell the peer this rank is alive.
                     Err(_) => Some({
+                        // Counted under the wire lock: no direct write is under way
+                        // or starts while the writer holds a message.
+                        let _wire = links.wire[peer].lock();
                         links.unwritten[peer].fetch_add(1, Ordering::Relaxed);
                         link.heartbeat();
                         Outgoing::new(
@@ -1454,14 +1611,20 @@ impl TcpInbox {
                         break;
                     }
                     let (mut buf, limit) = asm.read_target();
+                    let mut short = false;
                     let r = match is_owner {
                         // A receive on its way to its message's next fragment: tokio's
                         // readiness is stale after the receive's own reads (see
                         // `recv_spinning`), so ask the socket.
                         true => recv_spare(&self.half, &mut buf, limit),
-                        false => self.half.try_read_buf(&mut bytes::BufMut::limit(&mut buf, limit)),
+                        false => self.read_ready(&mut buf, limit, &mut short),
                     };
                     asm.filled(buf);
+                    if short {
+                        self.links.heard_from(self.peer);
+                        reads += 1;
+                        break;
+                    }
                     r
                 }
             };
@@ -1482,6 +1645,34 @@ impl TcpInbox {
             (1.., _) => Drained::Some(reads),
             (0, true) => Drained::Turn,
             (0, false) => Drained::Nothing,
+        }
+    }
+
+    /// Reads into `buf` (at most `limit` bytes) if tokio has seen the socket
+    /// readable. A short read (fewer bytes than asked) emptied the socket: it sets
+    /// `short` and forgets the readiness tokio saw before the read, as tokio's own
+    /// `poll_read` does, instead of a `recv(2)` that would only say so (whose cost
+    /// came before the message's delivery, on every small message). Bytes that come
+    /// after the read raise a new edge: if the reactor saw it already (another
+    /// worker thread), its newer readiness stays.
+    fn read_ready(&self, buf: &mut BytesMut, limit: usize, short: &mut bool) -> std::io::Result<usize> {
+        let asked = limit.min(buf.capacity() - buf.len());
+        let stream: &tokio::net::TcpStream = self.half.as_ref();
+        let mut got = 0;
+        let r = stream.try_io(tokio::io::Interest::READABLE, || match recv_spare(&self.half, buf, limit) {
+            Ok(n) if n > 0 && n < asked => {
+                got = n;
+                // Makes `try_io` clear the readiness it read before calling us.
+                Err(std::io::ErrorKind::WouldBlock.into())
+            }
+            other => other,
+        });
+        match got {
+            0 => r,
+            n => {
+                *short = true;
+                Ok(n)
+            }
         }
     }
 

@@ -245,6 +245,14 @@ impl Config {
         if let Some(min) = size_var("HCOMM_TCP_LAND")? {
             c.stream.tcp_land = min;
         }
+        if let Some(max) = size_var("HCOMM_TCP_DIRECT")? {
+            if max > 1 << 20 {
+                return Err(Error::config(format!(
+                    "HCOMM_TCP_DIRECT={max} is above 1M: larger messages go through the writer task, fragmented"
+                )));
+            }
+            c.stream.tcp_direct = max;
+        }
         if let Some(spin) = micros_var("HCOMM_SHM_SPIN_US")? {
             c.stream.shm.spin = spin;
             c.auto_spin = false;

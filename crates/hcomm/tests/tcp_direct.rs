@@ -1,0 +1,113 @@
+//! Small sends written to the socket by the sending task itself
+//! (`StreamOptions::tcp_direct`, `HCOMM_TCP_DIRECT`, up to 64 KiB by default) when
+//! the connection's writer task holds nothing: they arrive whole and in order among
+//! queued ones; a write the kernel takes only in part (a peer that stopped reading)
+//! leaves its rest to the writer, ahead of what is queued later; off, nothing is
+//! written directly. Ranks are tasks of this process, linked by loopback TCP.
+
+use std::time::Duration;
+
+mod common;
+
+use common::random_bytes;
+use hcomm::{Communicator, StreamTransport};
+
+fn direct(c: &Communicator<StreamTransport>) -> (u64, u64) {
+    c.transport().tcp_direct_writes()
+}
+
+/// Sizes on both sides of the limit, a send and its reply each time (no burst).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_go_directly_and_arrive_whole() {
+    for off in [false, true] {
+        let comms = hcomm::local_tcp_with(2, |c| {
+            assert_eq!(c.stream.tcp_direct, 64 << 10);
+            if off {
+                c.stream.tcp_direct = 0;
+            }
+        })
+        .await
+        .unwrap();
+        let (a, b) = (&comms[0], &comms[1]);
+        let sizes = [0, 1, 7, 4099, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 300_007];
+        for (i, &len) in sizes.iter().enumerate() {
+            let data = random_bytes(len, i as u64);
+            let (s, r) = futures::join!(a.send(1, 3, &data), b.recv::<u8>(0, 3));
+            s.unwrap();
+            assert!(r.unwrap() == data, "{len} B");
+            // The reply, as owned bytes.
+            let (s, r) = futures::join!(b.send_bytes(0, 4, hcomm::Bytes::from(data.clone())), a.recv::<u8>(1, 4));
+            s.unwrap();
+            assert!(r.unwrap() == data, "reply of {len} B");
+        }
+        // A slice of 64 KiB is lent to the writer (`tcp_lend`) instead; owned bytes
+        // of 64 KiB go directly.
+        let slices = sizes.iter().filter(|&&l| l < 64 << 10).count() as u64;
+        let owned = sizes.iter().filter(|&&l| l <= 64 << 10).count() as u64;
+        let (whole_a, part_a) = direct(a);
+        let (whole_b, part_b) = direct(b);
+        match off {
+            true => assert_eq!((whole_a + part_a, whole_b + part_b), (0, 0)),
+            // Each small send found its writer idle; none above the limit went directly.
+            false => assert_eq!((whole_a + part_a, whole_b + part_b), (slices, owned)),
+        }
+    }
+}
+
+/// A free loopback port for the rendezvous (taken and released; another process could
+/// take it in between, which this machine's tests do not).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn config(rank: usize, port: u16) -> hcomm::Config {
+    let mut c = hcomm::Config::new(rank, 2, format!("127.0.0.1:{port}"));
+    c.job_id = format!("tcp-direct-{port}");
+    c.secret = Some(String::from("tcp direct test secret"));
+    c.shm = false;
+    // The receiver's thread is held on purpose below.
+    c.stream.peer_timeout = None;
+    c
+}
+
+/// Each rank on a thread and a runtime of its own. The receiver holds its thread
+/// (so that its reader reads nothing) while the sender fills the socket: a direct
+/// write is then taken in part, and its rest goes before every later message. All
+/// arrive, whole, in the order sent.
+#[test]
+fn a_direct_write_taken_in_part_keeps_the_stream_in_order() {
+    let port = free_port();
+    // More than loopback's send and receive buffers hold together.
+    let count = 1200;
+    let len = |i: usize| 30_000 + (i * 7919) % 30_000;
+    let sender = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let comm = config(0, port).connect().await.unwrap();
+            for i in 0..count {
+                // Apart by more than a burst's gap, so that each may go directly.
+                std::thread::sleep(Duration::from_micros(5));
+                comm.send(1, 9, &random_bytes(len(i), i as u64)).await.unwrap();
+            }
+            let counts = comm.transport().tcp_direct_writes();
+            comm.finalize().await.unwrap();
+            counts
+        })
+    });
+    let receiver = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let comm = config(1, port).connect().await.unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            for i in 0..count {
+                let got: Vec<u8> = comm.recv(0, 9).await.unwrap();
+                assert!(got == random_bytes(len(i), i as u64), "message {i} out of order or corrupted");
+            }
+            comm.finalize().await.unwrap();
+        });
+    });
+    let (whole, part) = sender.join().unwrap();
+    receiver.join().unwrap();
+    assert!(part >= 1, "no direct write was taken in part ({whole} whole)");
+    assert!(whole >= 100, "{whole} whole direct writes");
+}
