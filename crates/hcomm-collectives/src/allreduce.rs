@@ -672,19 +672,21 @@ pub async fn allreduce<T: LocalTransport, E: Element>(
         if n == 1 {
             return Ok(());
         }
+        // Each algorithm's future on the heap: inline, the largest of them made this
+        // future kilobytes large, copied whole on every move before its first poll.
         match algo {
-            AllreduceAlgo::Ring => ring(&ctx, buf, op).await,
-            AllreduceAlgo::RecursiveDoubling => recursive_doubling(&ctx, buf, op).await,
-            AllreduceAlgo::Rabenseifner => rabenseifner(&ctx, buf, op).await,
+            AllreduceAlgo::Ring => Box::pin(ring(&ctx, buf, op)).await,
+            AllreduceAlgo::RecursiveDoubling => Box::pin(recursive_doubling(&ctx, buf, op)).await,
+            AllreduceAlgo::Rabenseifner => Box::pin(rabenseifner(&ctx, buf, op)).await,
             AllreduceAlgo::Tree => {
-                reduce_binomial(&ctx, buf, op, 0, 0).await?;
+                Box::pin(reduce_binomial(&ctx, buf, op, 0, 0)).await?;
                 if ctx.rank() == 0 && op == ReduceOp::Avg {
                     E::div_count(buf, n);
                 }
-                bcast_binomial(&ctx, buf, 0, 1).await
+                Box::pin(bcast_binomial(&ctx, buf, 0, 1)).await
             }
-            AllreduceAlgo::Ordered => ordered(&ctx, buf, op).await,
-            AllreduceAlgo::Hierarchical => hierarchical(&ctx, buf, op).await,
+            AllreduceAlgo::Ordered => Box::pin(ordered(&ctx, buf, op)).await,
+            AllreduceAlgo::Hierarchical => Box::pin(hierarchical(&ctx, buf, op)).await,
         }
     };
     let r = ctx.deadline(body).await;

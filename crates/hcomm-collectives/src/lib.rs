@@ -244,7 +244,21 @@ pub(crate) async fn agreed<T: LocalTransport, R>(
         }
         Ok(())
     };
-    try_join(body, agree).await.map(|(r, ())| r)
+    // The agreement on the heap, as the algorithms (see `allreduce`).
+    let mut both = std::pin::pin!(try_join(body, Box::pin(agree)));
+    // The first poll sends the data and the first round's empty message, often to the
+    // same peer (always on 2 ranks): gathered, they leave in one write. Written one
+    // by one, each by the sending task in its call (TCP's `tcp_direct`), the second
+    // waited for the writer task all the same, and 2-rank broadcasts of 8 B-4 KiB
+    // took 1.15x their time (BENCHMARKS.md).
+    let first =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(hcomm_core::transport::gather(|| both.as_mut().poll(cx))))
+            .await;
+    match first {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => both.await,
+    }
+    .map(|(r, ())| r)
 }
 
 pub(crate) fn bound(total: usize, parts: usize, i: usize) -> usize {

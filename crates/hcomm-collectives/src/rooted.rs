@@ -50,10 +50,11 @@ pub async fn broadcast<T: LocalTransport, E: Element>(
     let body = async {
         let n = ctx.size();
         check_root(root, n)?;
+        // On the heap, as allreduce's algorithms.
         match algo {
-            BcastAlgo::Binomial => bcast_binomial(&ctx, buf, root, 0).await,
-            BcastAlgo::Chain => bcast_chain(&ctx, buf, root).await,
-            BcastAlgo::ScatterAllgather => bcast_scatter_allgather(&ctx, buf, root).await,
+            BcastAlgo::Binomial => Box::pin(bcast_binomial(&ctx, buf, root, 0)).await,
+            BcastAlgo::Chain => Box::pin(bcast_chain(&ctx, buf, root)).await,
+            BcastAlgo::ScatterAllgather => Box::pin(bcast_scatter_allgather(&ctx, buf, root)).await,
         }
     };
     let r = ctx.deadline(agreed(&ctx, body)).await;
