@@ -482,6 +482,12 @@ impl Assembler {
         true
     }
 
+    /// Whether no message is partly received: no bytes of a frame held, none of a
+    /// fragmented message.
+    pub fn at_rest(&self) -> bool {
+        self.idle() && self.partial.is_empty()
+    }
+
     /// Whether the parser holds no bytes of a frame (a message may be partly received:
     /// fragments of other messages may come first), so that what follows in the stream
     /// may be parsed elsewhere.

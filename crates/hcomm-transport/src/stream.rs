@@ -1610,6 +1610,7 @@ impl TcpInbox {
                         turn = true;
                         break;
                     }
+                    let at_rest = asm.at_rest();
                     let (mut buf, limit) = asm.read_target();
                     let mut short = false;
                     let r = match is_owner {
@@ -1617,7 +1618,7 @@ impl TcpInbox {
                         // readiness is stale after the receive's own reads (see
                         // `recv_spinning`), so ask the socket.
                         true => recv_spare(&self.half, &mut buf, limit),
-                        false => self.read_ready(&mut buf, limit, &mut short),
+                        false => self.read_ready(&mut buf, limit, at_rest, &mut short),
                     };
                     asm.filled(buf);
                     if short {
@@ -1649,18 +1650,22 @@ impl TcpInbox {
     }
 
     /// Reads into `buf` (at most `limit` bytes) if tokio has seen the socket
-    /// readable. A short read (fewer bytes than asked) emptied the socket: it sets
-    /// `short` and forgets the readiness tokio saw before the read, as tokio's own
+    /// readable. A short read (fewer bytes than asked) made while the parser was
+    /// `at_rest` (no message partly received) emptied the socket: it sets `short`
+    /// and forgets the readiness tokio saw before the read, as tokio's own
     /// `poll_read` does, instead of a `recv(2)` that would only say so (whose cost
     /// came before the message's delivery, on every small message). Bytes that come
     /// after the read raise a new edge: if the reactor saw it already (another
-    /// worker thread), its newer readiness stays.
-    fn read_ready(&self, buf: &mut BytesMut, limit: usize, short: &mut bool) -> std::io::Result<usize> {
+    /// worker thread), its newer readiness stays. Not in the middle of a message:
+    /// there the next bytes are on their way, and 2-rank broadcasts of 8-64 MiB,
+    /// whose reader then waited for the reactor after its short reads, took up to
+    /// twice their time (BENCHMARKS.md).
+    fn read_ready(&self, buf: &mut BytesMut, limit: usize, at_rest: bool, short: &mut bool) -> std::io::Result<usize> {
         let asked = limit.min(buf.capacity() - buf.len());
         let stream: &tokio::net::TcpStream = self.half.as_ref();
         let mut got = 0;
         let r = stream.try_io(tokio::io::Interest::READABLE, || match recv_spare(&self.half, buf, limit) {
-            Ok(n) if n > 0 && n < asked => {
+            Ok(n) if n > 0 && n < asked && at_rest => {
                 got = n;
                 // Makes `try_io` clear the readiness it read before calling us.
                 Err(std::io::ErrorKind::WouldBlock.into())
