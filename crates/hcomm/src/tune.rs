@@ -25,9 +25,10 @@ pub struct TuneOptions {
     /// at smaller sizes (up to 8 times this), as their times are noisier.
     pub reps: usize,
     /// Passes over all sizes. The first times every algorithm; each later pass
-    /// times, twice as often, only the algorithms within 1.25x of the first pass's
-    /// best at that size, and the later passes' summed medians decide (with one
-    /// pass, the first decides).
+    /// times, twice as often (four times where the first pass's two best were within
+    /// 10%), only the algorithms within 1.25x of the first pass's best at that size,
+    /// and the later passes' summed medians decide (with one pass, the first
+    /// decides).
     pub passes: usize,
     /// Factor between measured sizes (2 or more); sizes between take the choice of
     /// the nearest on a log scale.
@@ -212,6 +213,7 @@ impl<T: LocalTransport> Communicator<T> {
     ) -> Result<()> {
         let set = contenders(pass, &f.first[i]);
         let algos: Vec<A> = set.iter().map(|&j| f.algos[j]).collect();
+        let reps = if pass > 0 && close(&f.first[i]) { 2 * reps } else { reps };
         let t = self.medians(&algos, reps, run).await?;
         record(pass, &mut f.first[i], &mut f.later[i], &set, &t);
         Ok(())
@@ -258,6 +260,19 @@ impl<T: LocalTransport> Communicator<T> {
 /// (3 blocks of 45 rounds) the tree took 1.12-1.22x Rabenseifner's time, and back
 /// to back 1.1-1.5x at 4 MiB (BENCHMARKS.md).
 const CONTEND: f64 = 1.25;
+
+/// How near the first pass's two best algorithms at a size must be for a later pass
+/// to time them twice as often again: the later passes' medians of 10-16 rounds
+/// (at 1-16 MiB) had picked, at 4 sizes in 422, an algorithm that took 1.11-1.23x
+/// the other's time in head-to-head blocks of 135 rounds each (BENCHMARKS.md).
+const CLOSE: f64 = 1.10;
+
+/// Whether the two best of the first pass's `times` are within [`CLOSE`].
+fn close(times: &[f64]) -> bool {
+    let mut t: Vec<f64> = times.iter().copied().filter(|x| x.is_finite()).collect();
+    t.sort_by(f64::total_cmp);
+    t.len() >= 2 && t[1] <= t[0] * CLOSE
+}
 
 /// The algorithms (indices) a pass times at one size: all in the first pass, then
 /// those within [`CONTEND`] of the first pass's best.
@@ -338,6 +353,16 @@ fn fastest<A: Copy>(sizes: &[usize], times: &[Vec<f64>], algos: &[A]) -> Vec<(us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn close_means_the_two_best_within_ten_percent() {
+        assert!(close(&[1.0, 1.09, 3.0]));
+        assert!(close(&[3.0, 1.0, 1.1]));
+        assert!(!close(&[1.0, 1.2, 1.3]));
+        // A left-out algorithm (infinite) is not a contender.
+        assert!(!close(&[1.0, f64::INFINITY]));
+        assert!(!close(&[1.0]));
+    }
 
     #[test]
     fn smoothing_ignores_a_lone_outlier_but_follows_a_crossover() {
