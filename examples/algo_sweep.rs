@@ -54,6 +54,9 @@ struct Args {
     /// Factor between the sizes `--tune` measures.
     #[arg(long, default_value_t = 2)]
     tune_step: usize,
+    /// Passes `--tune` makes (`TuneOptions::passes`; the default's).
+    #[arg(long)]
+    tune_passes: Option<usize>,
     /// Whole sweeps to run; each cell reports the median of the runs.
     #[arg(long, default_value_t = 1)]
     runs: usize,
@@ -343,7 +346,12 @@ async fn prepare<T: LocalTransport>(comm: &mut Communicator<T>, a: &Args) -> Res
     if a.tune {
         let t = Instant::now();
         let m = comm
-            .tune(&TuneOptions { max_bytes: a.max_bytes, step: a.tune_step, ..TuneOptions::default() })
+            .tune(&TuneOptions {
+                max_bytes: a.max_bytes,
+                step: a.tune_step,
+                passes: a.tune_passes.unwrap_or(TuneOptions::default().passes),
+                ..TuneOptions::default()
+            })
             .await
             .map_err(|e| e.to_string())?;
         if comm.rank() == 0 && std::env::var_os("SWEEP_SHOW_TABLE").is_some() {
