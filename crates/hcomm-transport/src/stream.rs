@@ -904,14 +904,15 @@ impl StreamTransport {
                     queued
                 }
                 // A small message over plain TCP goes to the socket straight from
-                // `data` when nothing is queued before it.
-                _ => {
-                    let queued = match header.kind == FrameKind::Data {
-                        true => self.write_direct(peer, header, data, true),
-                        false => None,
-                    };
-                    queued.unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, true))
+                // `data` when nothing is queued before it (tried once: the copy is
+                // queued without another try).
+                _ if self.tcp_direct.get(peer).is_some_and(Option::is_some) => {
+                    let written = (header.kind == FrameKind::Data).then(|| self.write_direct(peer, header, data, true));
+                    written
+                        .flatten()
+                        .unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, false))
                 }
+                _ => self.enqueue(peer, header, self.payload_from(data), true, true),
             };
             return Either::Left(self.handed_over(peer, queued));
         };
@@ -1576,6 +1577,8 @@ impl TcpInbox {
             }
             let mine = owner.as_ref().and_then(|(l, _)| asm.owner_target(l));
             let is_owner = owner.is_some();
+            // A short read that emptied the socket (see `read_ready`): nothing more to read.
+            let mut short = false;
             let res = match (mine, owner.as_mut()) {
                 (Some((at, len)), Some((l, dst))) => {
                     // Spin only while this rank has nothing queued for the peer: on a
@@ -1612,7 +1615,6 @@ impl TcpInbox {
                     }
                     let at_rest = asm.at_rest();
                     let (mut buf, limit) = asm.read_target();
-                    let mut short = false;
                     let r = match is_owner {
                         // A receive on its way to its message's next fragment: tokio's
                         // readiness is stale after the receive's own reads (see
@@ -1621,11 +1623,6 @@ impl TcpInbox {
                         false => self.read_ready(&mut buf, limit, at_rest, &mut short),
                     };
                     asm.filled(buf);
-                    if short {
-                        self.links.heard_from(self.peer);
-                        reads += 1;
-                        break;
-                    }
                     r
                 }
             };
@@ -1634,6 +1631,9 @@ impl TcpInbox {
                 Ok(_) => {
                     reads += 1;
                     self.links.heard_from(self.peer);
+                    if short {
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return self.end(&mut asm, Some(broken(self.peer, "receiving", e))),

@@ -214,14 +214,13 @@ impl<T: LocalTransport> Communicator<T> {
         mut run: impl AsyncFnMut(A) -> Result<()>,
     ) -> Result<()> {
         let mut set = contenders(pass, &f.first, i);
-        if pass == 0 || set.len() <= 2 {
+        if pass == 0 || set.len() == 1 {
             let algos: Vec<A> = set.iter().map(|&j| f.algos[j]).collect();
-            let reps = if pass > 0 && close(&f.first[i]) { 2 * reps } else { reps };
             let t = self.medians(&algos, reps, run).await?;
             record(pass, &mut f.first[i], &mut f.later[i], &set, &t);
             return Ok(());
         }
-        // Three contenders or more: duels, the first pass's best first, each winner
+        // Two contenders or more: duels, the first pass's best first, each winner
         // against the next. Timed together, three or four algorithms rank otherwise
         // than two at a time: on 4 ranks over TCP the ring and recursive doubling's
         // allgather of 1 MiB blocks measured 2.70 and 2.72 ms among four columns,
@@ -320,14 +319,13 @@ fn close(times: &[f64]) -> bool {
 /// (BENCHMARKS.md).
 fn contenders(pass: usize, first: &[Vec<f64>], i: usize) -> Vec<usize> {
     let row = &first[i];
-    let best = |r: &[f64]| r.iter().copied().fold(f64::INFINITY, f64::min);
     let near: Vec<usize> = [i.checked_sub(1), Some(i + 1)]
         .into_iter()
         .flatten()
         .filter_map(|n| first.get(n))
         .filter_map(|r| (0..r.len()).filter(|&j| r[j].is_finite()).min_by(|&a, &b| r[a].total_cmp(&r[b])))
         .collect();
-    let b = best(row);
+    let b = row.iter().copied().fold(f64::INFINITY, f64::min);
     (0..row.len()).filter(|&j| pass == 0 || row[j] <= b * CONTEND || near.contains(&j)).collect()
 }
 
