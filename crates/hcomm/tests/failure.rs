@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::free_port;
 use hcomm::{Communicator, ReduceOp};
+
+mod common;
 
 const RANKS: usize = 4;
 const VICTIM: usize = 3;
@@ -100,10 +103,6 @@ fn failure_rank() {
             rank_body(comm, &mode, &stamp).await;
         }),
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Runs the four ranks; returns each survivor's detection delay.

@@ -6,13 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::free_port;
 use hcomm::Config;
 
-/// A free loopback port for the rendezvous (taken and released; another process could
-/// take it in between, which this machine's tests do not).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+mod common;
 
 fn config(rank: usize, port: u16) -> Config {
     let mut c = Config::new(rank, 2, format!("127.0.0.1:{port}"));

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::random_bytes;
+use common::{free_port, random_bytes};
 use hcomm::{Communicator, StreamTransport};
 
 fn direct(c: &Communicator<StreamTransport>) -> (u64, u64) {
@@ -52,12 +52,6 @@ async fn replies_go_directly_and_arrive_whole() {
             false => assert_eq!((whole_a + part_a, whole_b + part_b), (slices, owned)),
         }
     }
-}
-
-/// A free loopback port for the rendezvous (taken and released; another process could
-/// take it in between, which this machine's tests do not).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn config(rank: usize, port: u16) -> hcomm::Config {

@@ -386,3 +386,9 @@ pub async fn typed_and_refused<T: LocalTransport>(a: &Communicator<T>, b: &Commu
     s.unwrap();
     assert!(r.unwrap_err().is_mismatch());
 }
+
+/// A free loopback port for a rendezvous (taken and released; another process could
+/// take it in between, which this machine's tests do not).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
