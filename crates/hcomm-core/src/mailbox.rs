@@ -403,6 +403,32 @@ impl RecvFrame {
     }
 }
 
+impl RecvFrame {
+    /// The outcome if the mailbox already has it, without polling a link or
+    /// registering a waker; `None` while it waits.
+    ///
+    /// # Panics
+    /// If called again after it returned `Some`, or after a poll returned `Ready`.
+    pub fn try_take(&mut self) -> Option<Result<Frame>> {
+        let rank = self.rank;
+        let r = match &mut self.posted {
+            Posted::Waiting(rx) => match rx.try_recv() {
+                Ok(r) => r,
+                Err(oneshot::error::TryRecvError::Empty) => return None,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    Err(Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank))
+                }
+            },
+            posted => match std::mem::replace(posted, Posted::Done) {
+                Posted::Ready(r) => return Some(r),
+                _ => panic!("a receive taken after it completed"),
+            },
+        };
+        self.posted = Posted::Done;
+        Some(r)
+    }
+}
+
 impl Future for RecvFrame {
     type Output = Result<Frame>;
 

@@ -109,6 +109,16 @@ pub trait LocalTransport {
     /// reported through the mailbox like any other peer failure.
     fn post(&self, peer: Rank, header: Header, payload: Bytes);
 
+    /// [`post`](LocalTransport::post) for a small message that may wait: a transport
+    /// may hold it until its next write to `peer` carries it along, or a short delay
+    /// (a millisecond or two) has passed, whichever comes first. For messages whose
+    /// receiver does not wait for them (the deferred argument checks of rooted
+    /// collectives), so that a rank that only receives does not pay a system call
+    /// per message to answer. By default, posted at once.
+    fn post_lazy(&self, peer: Rank, header: Header, payload: Bytes) {
+        self.post(peer, header, payload);
+    }
+
     /// Closes every connection in an orderly way: peers see a close frame, pending
     /// receives here fail with a closed error.
     fn close(&self);

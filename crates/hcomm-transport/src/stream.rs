@@ -109,6 +109,11 @@ pub struct StreamOptions {
 /// written directly.
 const BURST_GAP: Duration = Duration::from_micros(2);
 
+/// How long a frame posted lazily ([`Transport::post_lazy`]) waits for a write to
+/// its peer to take it along before its writer task sends it alone (tokio's timer
+/// rounds it up to its millisecond tick).
+const LAZY_DELAY: Duration = Duration::from_micros(500);
+
 /// Default of [`StreamOptions::tcp_direct`] (`HCOMM_TCP_DIRECT`).
 pub const DEFAULT_TCP_DIRECT: usize = 64 << 10;
 
@@ -210,6 +215,13 @@ pub(crate) struct Links {
     /// so a direct write never interleaves with the writer task's bytes, and a
     /// message queued before it never goes after it.
     pub(crate) wire: Vec<Mutex<()>>,
+    /// Per peer: small frames posted lazily ([`Transport::post_lazy`]), each with
+    /// its `src` set, to go out with the next write to that peer (the writer task's,
+    /// or a direct one) or after [`LAZY_DELAY`].
+    lazy: Vec<Mutex<Vec<(Header, Bytes)>>>,
+    /// Per peer: notified when its lazy frames were none, so that its writer task
+    /// starts the delay.
+    lazy_posted: Vec<tokio::sync::Notify>,
     tasks: Mutex<Vec<PeerTasks>>,
     /// Per peer: its bundle, if it is reached over several connections (for the
     /// watchdog's report of a silent peer).
@@ -237,6 +249,8 @@ impl Links {
             heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
             unwritten: (0..size).map(|_| std::sync::atomic::AtomicUsize::new(0)).collect(),
             wire: (0..size).map(|_| Mutex::new(())).collect(),
+            lazy: (0..size).map(|_| Mutex::new(Vec::new())).collect(),
+            lazy_posted: (0..size).map(|_| tokio::sync::Notify::new()).collect(),
             tasks: Mutex::new(vec![PeerTasks::default(); size]),
             bundles: Mutex::new(vec![None; size]),
             closed: AtomicBool::new(false),
@@ -250,6 +264,11 @@ impl Links {
 
     fn now_ms(&self) -> u64 {
         coarse_ms().saturating_sub(self.epoch)
+    }
+
+    /// The frames posted lazily to `peer` so far, taken to be written.
+    fn take_lazy(&self, peer: Rank) -> Vec<(Header, Bytes)> {
+        std::mem::take(&mut *self.lazy[peer].lock())
     }
 
     /// How long nothing has been read from `peer`.
@@ -285,7 +304,8 @@ impl Links {
     }
 }
 
-/// Fails every peer not heard from within `timeout`, until the transport closes.
+/// Fails every peer not heard from within `timeout`, until the transport is closed
+/// and done with every peer.
 ///
 /// Silence only counts while this rank's own I/O was moving: a rank whose executor
 /// did not run its readers (a task that blocked the thread, a descheduled process)
@@ -310,7 +330,13 @@ where
     loop {
         tokio::time::sleep(tick).await;
         probe().await;
-        if links.closed.load(Ordering::Acquire) {
+        // Through an orderly shutdown too, until every peer is done with: a rank
+        // that learnt of a hung peer's failure from another rank (an abort, a
+        // shrink) and then finalizes waits for that peer's reader and writer, which
+        // only this stops (measured: 1 run in 4 of `hung_rank_shm` timed out so).
+        if links.readers_stopped.load(Ordering::Acquire)
+            || (links.closed.load(Ordering::Acquire) && links.unfinished().is_empty())
+        {
             return;
         }
         let now = tokio::time::Instant::now();
@@ -350,9 +376,10 @@ where
                     "peer silent: failing it"
                 );
                 links.mailbox.fail_peer(peer, err);
+                // Also when this rank had already learnt of the failure otherwise (a
+                // peer's abort, a shrink's agreement): only this stops the reader and
+                // writer of a peer that hangs, which an orderly shutdown waits for.
                 links.drop_peer(peer);
-            } else if links.mailbox.peer_failure(peer).is_some() {
-                *done = true;
             }
         }
     }
@@ -445,6 +472,37 @@ fn gather(q: &mut WriteQueue, first: Outgoing, rx: &mut mpsc::UnboundedReceiver<
         }
     }
     closing
+}
+
+/// Moves the frames posted lazily to `peer` into the writer's queue, counted as
+/// unwritten (under the wire lock, as every message handed to the writer); `false`
+/// if there were none.
+fn take_lazy(links: &Links, peer: Rank, q: &mut WriteQueue) -> bool {
+    let frames = links.take_lazy(peer);
+    if frames.is_empty() {
+        return false;
+    }
+    let _wire = links.wire[peer].lock();
+    links.unwritten[peer].fetch_add(frames.len(), Ordering::Relaxed);
+    for (h, payload) in frames {
+        q.push(Outgoing::new(h, payload, None));
+    }
+    true
+}
+
+/// `frames` (their `src` set) as whole frames, one after the other, as a direct
+/// write sends them.
+fn whole_frames(frames: Vec<(Header, Bytes)>) -> BytesMut {
+    let mut out = BytesMut::new();
+    for (mut h, payload) in frames {
+        h.msg_id = u64::MAX;
+        h.msg_len = payload.len() as u64;
+        h.offset = 0;
+        h.frag_len = payload.len() as u32;
+        out.extend_from_slice(&h.encode());
+        out.extend_from_slice(&payload);
+    }
+    out
 }
 
 fn fail_queue(q: &mut WriteQueue, rx: &mut mpsc::UnboundedReceiver<Outgoing>, err: &Error) {
@@ -725,31 +783,35 @@ impl StreamTransport {
             return None;
         }
         // One whole frame, numbered apart from the writer's messages (whose frames
-        // never interleave with it: the writer holds nothing).
+        // never interleave with it: the writer holds nothing); the frames posted
+        // lazily to this peer go first, in the same system call.
         header.msg_id = u64::MAX;
         header.msg_len = len as u64;
         header.offset = 0;
         header.frag_len = len as u32;
         let head = header.encode();
-        let parts = [std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
+        let lazy = whole_frames(self.shared.take_lazy(peer));
+        let parts = [std::io::IoSlice::new(&lazy), std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
         let stream: &tokio::net::TcpStream = inbox.half.as_ref();
         let n = stream.try_write_vectored(&parts);
         self.direct_end[peer].store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Relaxed);
+        let total = lazy.len() + head.len() + len;
         let n = match n {
-            Ok(n) if n == head.len() + len => {
+            Ok(n) if n == total => {
                 self.direct_writes.0.fetch_add(1, Ordering::Relaxed);
                 return Some(Ok(None));
             }
             Ok(n) => n,
             // Full, or broken (the reader and writer report that): the writer's turn.
-            Err(_) => return None,
+            Err(_) if lazy.is_empty() => return None,
+            Err(_) => 0,
         };
-        let mut rest = BytesMut::with_capacity(head.len() + len - n);
-        if n < head.len() {
-            rest.extend_from_slice(&head[n..]);
-            rest.extend_from_slice(data);
-        } else {
-            rest.extend_from_slice(&data[n - head.len()..]);
+        let mut rest = BytesMut::with_capacity(total - n);
+        let mut skip = n;
+        for part in [&lazy[..], &head[..], data] {
+            let from = skip.min(part.len());
+            rest.extend_from_slice(&part[from..]);
+            skip -= from;
         }
         let (tx, rx) = match want_done {
             true => {
@@ -1006,6 +1068,25 @@ impl Transport for StreamTransport {
         let _ = self.enqueue(peer, header, payload, false, false);
     }
 
+    /// Over TCP, the frame waits in the peer's lazy list until the next write to
+    /// that peer takes it along (a direct write in the same system call), or until
+    /// its writer task's delay ([`LAZY_DELAY`]) is over. To ourselves, and to peers
+    /// over shared memory or several connections, it is posted at once.
+    fn post_lazy(&self, peer: Rank, mut header: Header, payload: Bytes) {
+        if peer >= self.size || self.links[peer].is_none() || self.direct[peer].is_some() {
+            return self.post(peer, header, payload);
+        }
+        if self.mailbox.peer_failure(peer).is_some() {
+            return;
+        }
+        header.src = self.rank as u32;
+        let mut lazy = self.shared.lazy[peer].lock();
+        lazy.push((header, payload));
+        if lazy.len() == 1 {
+            self.shared.lazy_posted[peer].notify_one();
+        }
+    }
+
     fn close(&self) {
         if self.post_closes() {
             self.stop_readers();
@@ -1226,38 +1307,61 @@ async fn write_loop<L: WriteLink>(
     let mut q = WriteQueue::new(fragment);
     let mut batch = BytesMut::with_capacity(256 << 10);
     let mut closing = false;
+    // When the frames posted lazily are due, if some wait.
+    let mut lazy_due: Option<tokio::time::Instant> = None;
     loop {
         if q.is_idle() {
             if closing {
                 break;
             }
-            let next = match heartbeat {
-                None => rx.recv().await,
-                Some(every) => match tokio::time::timeout(every, rx.recv()).await {
-                    Ok(next) => next,
-                    // Idle for a heartbeat period: tell the peer this rank is alive.
-                    Err(_) => Some({
-                        // Counted under the wire lock: no direct write is under way
-                        // or starts while the writer holds a message.
-                        let _wire = links.wire[peer].lock();
-                        links.unwritten[peer].fetch_add(1, Ordering::Relaxed);
-                        link.heartbeat();
-                        Outgoing::new(
-                            Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, links.mailbox.rank(), 0, 0, 0),
-                            Bytes::new(),
-                            None,
-                        )
-                    }),
-                },
+            let heartbeat_due = async {
+                match heartbeat {
+                    Some(every) => tokio::time::sleep(every).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let next = tokio::select! {
+                biased;
+                next = rx.recv() => next,
+                () = links.lazy_posted[peer].notified(), if lazy_due.is_none() => {
+                    lazy_due = Some(tokio::time::Instant::now() + LAZY_DELAY);
+                    continue;
+                }
+                () = tokio::time::sleep_until(lazy_due.unwrap_or_else(tokio::time::Instant::now)), if lazy_due.is_some() => {
+                    lazy_due = None;
+                    if !take_lazy(&links, peer, &mut q) {
+                        // A direct write took them along.
+                        continue;
+                    }
+                    None
+                }
+                // Idle for a heartbeat period: tell the peer this rank is alive.
+                () = heartbeat_due => Some({
+                    // Counted under the wire lock: no direct write is under way
+                    // or starts while the writer holds a message.
+                    let _wire = links.wire[peer].lock();
+                    links.unwritten[peer].fetch_add(1, Ordering::Relaxed);
+                    link.heartbeat();
+                    Outgoing::new(
+                        Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, links.mailbox.rank(), 0, 0, 0),
+                        Bytes::new(),
+                        None,
+                    )
+                }),
             };
             match next {
                 Some(o) => closing = gather(&mut q, o, &mut rx),
+                None if !q.is_idle() => {}
                 None => break,
             }
         } else if !closing {
             if let Ok(o) = rx.try_recv() {
                 closing = gather(&mut q, o, &mut rx);
             }
+        }
+        // Whatever was posted lazily goes along.
+        if take_lazy(&links, peer, &mut q) {
+            lazy_due = None;
         }
         let (res, b) = match q.fill(&mut batch) {
             Some(Big::Lent(loan, range)) => match link.write(batch, None).await {
