@@ -445,6 +445,56 @@ impl Measured {
 }
 
 /// How a communicator chooses its algorithms.
+/// How rooted collectives (broadcast, reduce, gather, scatter and their v-variants)
+/// and scans make sure that every rank called them with the same arguments. Every
+/// message carries its operation's signature (kind, element type, operator, count,
+/// root, algorithm) and every receive compares it with its own; but in these
+/// operations some ranks only send (a broadcast's root, a gather's leaves, a scan's
+/// rank 0), and a rank that waits for a message another rank's different arguments
+/// sent elsewhere would only see its deadline. The check adds one empty message per
+/// rank under the operation's signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgCheck {
+    /// No check message (`HCOMM_CHECK_ARGS=0`): the ranks that receive still find a
+    /// mismatch in the data's signature; those that only send return `Ok`, and a
+    /// rank waiting for a message that never comes waits for its deadline.
+    Off,
+    /// The default (`HCOMM_CHECK_ARGS=1`): each rank sends its signature to the next
+    /// rank of the group and checks the previous one's, beside the data, without
+    /// waiting for it. A rank that finds a difference while the operation runs fails
+    /// it and aborts it on every rank; a rank whose operation ended before its
+    /// neighbour's signature arrived checks it later, and a difference found then (or
+    /// reported to it by another rank) fails the next collective it starts, with a
+    /// mismatch error naming the operation at fault (that operation is aborted on
+    /// every rank still in it, and the next one on every rank). A root thus runs
+    /// ahead into its next broadcast as in MPI. At most [`MAX_UNCHECKED`]
+    /// operations wait for their check at once; `Communicator::finalize` (crate
+    /// `hcomm`) waits for the last ones.
+    ///
+    /// [`MAX_UNCHECKED`]: crate::MAX_UNCHECKED
+    Deferred,
+    /// `HCOMM_CHECK_ARGS=sync`: the signatures go round `ceil(log2 n)` dissemination
+    /// rounds beside the data, and no rank finishes before every signature has been
+    /// checked against its own, so that a mismatch fails the operation itself on
+    /// every rank. Each such operation then waits for every rank, which costs small
+    /// broadcasts 1.8x their time on 2 ranks and 6x on 4 oversubscribed ones
+    /// (BENCHMARKS.md).
+    Sync,
+}
+
+impl std::str::FromStr for ArgCheck {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<ArgCheck> {
+        match s.trim() {
+            "0" | "off" | "false" | "no" => Ok(ArgCheck::Off),
+            "1" | "on" | "true" | "yes" | "deferred" => Ok(ArgCheck::Deferred),
+            "sync" => Ok(ArgCheck::Sync),
+            _ => Err(Error::config(format!("HCOMM_CHECK_ARGS={s:?} is not 0, 1 (deferred) or sync"))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tuning {
     pub cost: CostModel,
@@ -467,14 +517,9 @@ pub struct Tuning {
     /// order over a flat network: the baseline the topology-aware algorithms are
     /// measured against.
     pub topology_aware: bool,
-    /// Rooted collectives and scans check that every rank called them with the same
-    /// arguments, so that a mismatch fails on every rank, the ranks that only send
-    /// included (`HCOMM_CHECK_ARGS`, default on; see `agreed` in this crate). The
-    /// check is `log2 n` empty messages per rank beside the data; it makes each such
-    /// operation wait for every rank, which costs small broadcasts up to twice their
-    /// time on 2 ranks (BENCHMARKS.md). Off, the ranks that receive still find a
-    /// mismatch; the ones that only send return `Ok`.
-    pub check_args: bool,
+    /// How rooted collectives and scans check that every rank called them with the
+    /// same arguments (`HCOMM_CHECK_ARGS`; see [`ArgCheck`]). Default: deferred.
+    pub check_args: ArgCheck,
 }
 
 impl Tuning {
@@ -490,13 +535,13 @@ impl Tuning {
             reduce_scatter: None,
             measured: Measured::default(),
             topology_aware: true,
-            check_args: true,
+            check_args: ArgCheck::Deferred,
         }
     }
 
     /// Applies `HCOMM_ALGO_ALLREDUCE`, `HCOMM_ALGO_BROADCAST`, `HCOMM_ALGO_ALLGATHER`,
     /// `HCOMM_ALGO_ALLTOALL`, `HCOMM_ALGO_REDUCE_SCATTER` (an algorithm name or `auto`),
-    /// `HCOMM_REPRODUCIBLE`, `HCOMM_TOPO_AWARE`, `HCOMM_CHECK_ARGS` (`0`/`1`), and the cost
+    /// `HCOMM_REPRODUCIBLE`, `HCOMM_TOPO_AWARE`, `HCOMM_CHECK_ARGS` (`0`, `1`, `sync`), and the cost
     /// parameters `HCOMM_COST_ALPHA_US` (microseconds per message), `HCOMM_COST_GBPS`
     /// (bandwidth of the links between hosts of a rack), `HCOMM_COST_REDUCE_GBPS`,
     /// `HCOMM_COST_HOST_US` / `HCOMM_COST_HOST_GBPS` (links inside a host) and
@@ -530,7 +575,7 @@ impl Tuning {
             self.topology_aware = Error::parse_flag("HCOMM_TOPO_AWARE", &v)?;
         }
         if let Some(v) = get("HCOMM_CHECK_ARGS") {
-            self.check_args = Error::parse_flag("HCOMM_CHECK_ARGS", &v)?;
+            self.check_args = v.parse()?;
         }
         let num = |var: &str| -> Result<Option<f64>> {
             match get(var) {

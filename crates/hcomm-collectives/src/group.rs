@@ -1,15 +1,15 @@
 //! A group of ranks over a transport, and the context of one operation on it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use hcomm_core::events;
-use hcomm_core::mailbox::{COMM_ABORT_SEQ, encode_abort};
+use hcomm_core::mailbox::{COMM_ABORT_SEQ, RecvFrame, encode_abort};
 use hcomm_core::{
     Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature,
 };
@@ -41,6 +41,21 @@ pub struct Group<T> {
     tuning: Tuning,
     /// The allreduce algorithms chosen lately, by size: see [`ChoiceMemo`].
     allreduce_memo: ChoiceMemo,
+    /// Argument checks ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)) of operations that returned before
+    /// the previous rank's signature arrived, oldest first.
+    unchecked: Mutex<VecDeque<Unchecked>>,
+    /// Their number, read without the lock by every operation.
+    unchecked_len: AtomicUsize,
+}
+
+/// The argument check of a finished operation: the receive of the previous rank's
+/// signature message, and what to compare it with.
+#[derive(Debug)]
+struct Unchecked {
+    seq: u64,
+    sig: Signature,
+    from: usize,
+    frame: RecvFrame,
 }
 
 /// The last selections of one collective, by message size and float-ness, in a few
@@ -114,6 +129,8 @@ impl<T: LocalTransport> Group<T> {
             stall_warn: Some(DEFAULT_STALL_WARN),
             tuning,
             allreduce_memo: ChoiceMemo::default(),
+            unchecked: Mutex::new(VecDeque::new()),
+            unchecked_len: AtomicUsize::new(0),
         };
         g.lay_out();
         g
@@ -345,6 +362,85 @@ impl<T: LocalTransport> Group<T> {
         let comm = crate::shrink::comm_id(self.comm, round, &failed);
         tracing::info!(rank = self.me, round, failed = ?gone, size = survivors.len(), elapsed_ms = start.elapsed().as_millis() as u64, "shrunk");
         Ok(self.subgroup(comm, &survivors).expect("the agreement keeps this rank"))
+    }
+
+    /// Keeps the argument check of operation `seq` (signature `sig`), which
+    /// returned before group rank `from`'s signature arrived, for later.
+    pub(crate) fn defer_check(&self, seq: u64, sig: Signature, from: usize, frame: RecvFrame) {
+        self.unchecked.lock().push_back(Unchecked { seq, sig, from, frame });
+        self.unchecked_len.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Looks at the argument checks of finished operations whose signature has
+    /// arrived since ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)), without waiting: the first mismatch
+    /// found, by this rank or reported by another, as an error of the operation it
+    /// belongs to. Such an operation is also aborted on every rank still in it.
+    /// Every collective asks before it starts, and fails with that error.
+    pub fn late_error(&self) -> Option<Error> {
+        if self.unchecked_len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut found = None;
+        let mut q = self.unchecked.lock();
+        // Oldest first, up to the first still waiting: checks arrive about in the
+        // order of their operations, and every collective asks.
+        while let Some(c) = q.front_mut() {
+            let Some(got) = c.frame.try_take() else { break };
+            let c = q.pop_front().expect("looked at above");
+            if let Some(e) = self.judge(&c, got) {
+                found.get_or_insert(e);
+            }
+        }
+        self.unchecked_len.store(q.len(), Ordering::Relaxed);
+        found
+    }
+
+    /// Waits until at most `keep` finished operations wait for their argument check
+    /// (oldest first), then returns [`Group::late_error`]'s error if there is one.
+    /// Dropped while it waits, it forgets the check it waited for.
+    ///
+    /// # Errors
+    /// A mismatch found by a check, as an error of the operation it belongs to.
+    pub async fn settle_checks(&self, keep: usize) -> Result<()> {
+        while self.unchecked_len.load(Ordering::Relaxed) > keep {
+            let Some(mut c) = self.unchecked.lock().pop_front() else { break };
+            self.unchecked_len.fetch_sub(1, Ordering::Relaxed);
+            let got = (&mut c.frame).await;
+            if let Some(e) = self.judge(&c, got) {
+                return Err(e);
+            }
+        }
+        self.late_error().map_or(Ok(()), Err)
+    }
+
+    /// What a deferred check found: `None` if the signatures are equal, or if its
+    /// receive failed otherwise than by a mismatch (a peer's failure shows in the
+    /// operations that need that peer; this rank's part of the checked one was
+    /// done). A mismatch aborts the checked operation on every rank still in it.
+    fn judge(&self, c: &Unchecked, got: Result<hcomm_core::Frame>) -> Option<Error> {
+        let e = compare_signature(&c.sig, c.from, got).err().filter(|e| e.kind() == ErrorKind::Mismatch)?;
+        let e = e
+            .in_op(c.sig.op, Some(c.seq))
+            .at_rank(self.me)
+            .note("found after this rank's call had returned; reported by its next collective");
+        self.abort_op(c.seq, c.sig.op, &e);
+        Some(e)
+    }
+
+    /// Aborts operation `seq` (of kind `op`) here and, once, on every other rank.
+    fn abort_op(&self, seq: u64, op: OpKind, err: &Error) {
+        let t = &self.transport;
+        if !t.mailbox().abort_op(self.comm, seq, err.clone()) {
+            return;
+        }
+        let payload = encode_abort(err);
+        let me = self.world_rank(self.me);
+        for (i, &peer) in self.members.iter().enumerate() {
+            if i != self.me {
+                let h = Header::control(FrameKind::Abort, op, me, self.comm, seq, payload.len());
+                t.post(peer, h, payload.clone());
+            }
+        }
     }
 
     /// Why the group was aborted, if it was.
@@ -604,15 +700,26 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
                     }
                 }
             }
-            let theirs = frame.header.signature();
-            if theirs != self.sig {
-                return Err(Error::new(
-                    ErrorKind::Mismatch,
-                    format!("rank {from} called {theirs}, this rank called {}", self.sig),
-                )
-                .with_peer(from));
-            }
+            same_signature(&self.sig, from, frame.header.signature())?;
             Ok(got)
+        }
+    }
+
+    /// Posts the receive of group rank `from`'s argument check message (an empty
+    /// message under `tag`) in this operation, to compare with
+    /// [`compare_signature`].
+    pub(crate) fn post_check(&self, from: usize, tag: u32) -> RecvFrame {
+        let key = MatchKey { src: self.g.world_rank(from), comm: self.g.comm, seq: self.seq, tag };
+        self.g.transport.mailbox().recv_frame(key)
+    }
+
+    /// Posts this rank's argument check message (empty, under the operation's
+    /// signature) to group rank `to` under `tag`, lazily
+    /// ([`LocalTransport::post_lazy`]); not at all if the communicator was aborted.
+    pub(crate) fn post_check_lazy(&self, to: usize, tag: u32) {
+        if self.g.aborted().is_none() {
+            let h = Header::data(self.g.world_rank(self.g.me), self.g.comm, self.seq, tag, &self.sig, 0);
+            self.g.transport.post_lazy(self.g.world_rank(to), h, Bytes::new());
         }
     }
 
@@ -621,6 +728,11 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// past the group's stall threshold (and again at twice, four times … that), it
     /// reports the stall: see [`OpCtx::stall_report`].
     pub async fn deadline<R>(&self, body: impl Future<Output = Result<R>>) -> Result<R> {
+        // A mismatch an earlier operation's deferred argument check found fails this
+        // one (see `ArgCheck::Deferred`).
+        if let Some(e) = self.g.late_error() {
+            return Err(e);
+        }
         let mut body = std::pin::pin!(body);
         let mut warn_after = self.g.stall_warn;
         loop {
@@ -717,18 +829,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     }
 
     fn abort_peers(&self, err: &Error) {
-        let t = &self.g.transport;
-        if !t.mailbox().abort_op(self.g.comm, self.seq, err.clone()) {
-            return;
-        }
-        let payload = encode_abort(err);
-        let me = self.g.world_rank(self.g.me);
-        for (i, &peer) in self.g.members.iter().enumerate() {
-            if i != self.g.me {
-                let h = Header::control(FrameKind::Abort, self.sig.op, me, self.g.comm, self.seq, payload.len());
-                t.post(peer, h, payload.clone());
-            }
-        }
+        self.g.abort_op(self.seq, self.sig.op, err);
     }
 }
 
@@ -743,6 +844,22 @@ impl<T: LocalTransport> Drop for OpCtx<'_, T> {
             self.abort_peers(&e);
         }
     }
+}
+
+/// A mismatch error if group rank `from`'s signature `theirs` differs from `ours`.
+fn same_signature(ours: &Signature, from: usize, theirs: Signature) -> Result<()> {
+    if theirs == *ours {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::Mismatch, format!("rank {from} called {theirs}, this rank called {ours}"))
+            .with_peer(from))
+    }
+}
+
+/// The outcome of an argument check's receive from group rank `from`: its failure,
+/// or a mismatch error if the signature differs from `ours`.
+pub(crate) fn compare_signature(ours: &Signature, from: usize, got: Result<hcomm_core::Frame>) -> Result<()> {
+    same_signature(ours, from, got?.header.signature())
 }
 
 #[cfg(test)]

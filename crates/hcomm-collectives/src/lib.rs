@@ -67,8 +67,8 @@ use futures::future::try_join;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 pub use allreduce::{
-    AllreduceAlgo, CostModel, HierPlan, Layout, LinkCost, Measured, RING_CHUNK_BYTES, RING_MAX_COLUMNS, Stage, Tuning,
-    allreduce, allreduce_signature,
+    AllreduceAlgo, ArgCheck, CostModel, HierPlan, Layout, LinkCost, Measured, RING_CHUNK_BYTES, RING_MAX_COLUMNS,
+    Stage, Tuning, allreduce, allreduce_signature,
 };
 pub use elem::{COOP_BYTES, cooperate, copy_in, reduce_in, to_vec};
 pub use exchange::{
@@ -208,31 +208,87 @@ pub fn check_reduce_op<E: Element>(op: ReduceOp) -> Result<()> {
 /// algorithms' own tags).
 const AGREE_TAG: u32 = 0x7fff_ff00;
 
-/// Runs `body` (an operation in which some ranks only send, so that they alone would
-/// never see a peer's different signature) beside a signature agreement, and
-/// returns when both are done.
-///
-/// The agreement is a dissemination exchange of empty messages under the
-/// operation's signature: in round `k` each rank sends to `r + 2^k` and receives
-/// from `r - 2^k` (mod `n`), `ceil(log2 n)` rounds. (One round of every pair was
-/// no faster on 4 ranks: the cost is the wait for every rank, not the rounds.) Every receive compares the
-/// sender's signature with this rank's and stops at a difference. A rank finishes
-/// only after its receives, and those its senders made before sending, which
-/// together form a tree over every rank: so no rank finishes unless every signature
-/// equals its own. A rank that finds a difference fails with a mismatch error and
-/// aborts the operation on the others, which then fail with it too (instead of the
-/// senders returning `Ok`). It runs at the same time as the data; the cost is
-/// `log2 n` empty messages per rank, and that the operation now waits for every rank
-/// (a root no longer races ahead into its next broadcast). `Tuning::check_args`
-/// (`HCOMM_CHECK_ARGS=0`) turns it off.
+/// At most this many operations of a group may have returned before their
+/// argument check ended ([`ArgCheck::Deferred`]); the next one waits for the oldest
+/// check first, so that a root running ahead of its receivers keeps a bounded lead.
+/// Check messages may wait a millisecond or two to leave (see `post_lazy`): a
+/// root that starts a broadcast every 4 µs has about 500 outstanding.
+pub const MAX_UNCHECKED: usize = 1024;
+
+/// Runs `body`, an operation in which some ranks only send (so that they alone would
+/// never see a peer's different signature), with the argument check the group's
+/// tuning asks for ([`ArgCheck`]).
 pub(crate) async fn agreed<T: LocalTransport, R>(
     ctx: &OpCtx<'_, T>,
     body: impl std::future::Future<Output = Result<R>>,
 ) -> Result<R> {
-    let n = ctx.size();
-    if n == 1 || !ctx.group().tuning().check_args {
-        return body.await;
+    match ctx.group().tuning().check_args {
+        _ if ctx.size() == 1 => body.await,
+        ArgCheck::Off => body.await,
+        ArgCheck::Deferred => checked_later(ctx, body).await,
+        ArgCheck::Sync => checked_now(ctx, body).await,
     }
+}
+
+/// [`ArgCheck::Deferred`]: each rank sends its signature to the next rank and
+/// checks the previous one's. If every rank compares equal with its predecessor
+/// around the ring, every signature is the same; otherwise at least one rank finds
+/// a difference. The check message's key depends on nothing but the operation's
+/// number, so it meets its receive whatever algorithm, root or length either side
+/// chose. A difference found while the operation runs fails it here (and
+/// `OpCtx::finish` aborts it on the others); a check that has not arrived when the
+/// operation's own work is done is handed to the group, which looks at it when a
+/// later collective starts ([`Group::late_error`]).
+async fn checked_later<T: LocalTransport, R>(
+    ctx: &OpCtx<'_, T>,
+    body: impl std::future::Future<Output = Result<R>>,
+) -> Result<R> {
+    use std::task::Poll;
+    let g = ctx.group();
+    g.settle_checks(MAX_UNCHECKED - 1).await?;
+    let (me, n) = (ctx.rank(), ctx.size());
+    let prev = (me + n - 1) % n;
+    let mut check = Some(ctx.post_check(prev, AGREE_TAG));
+    // Posted lazily: it leaves with this rank's next write to the next rank (the
+    // data, when that goes there too), or within a millisecond or two
+    // (`LocalTransport::post_lazy`). Nobody waits for it: a rank that only receives
+    // does not pay a system call per operation to send it.
+    ctx.post_check_lazy((me + 1) % n, AGREE_TAG);
+    let mut work = std::pin::pin!(body);
+    let r = std::future::poll_fn(|cx| {
+        let done = work.as_mut().poll(cx);
+        if let Some(c) = check.as_mut()
+            && let Poll::Ready(got) = std::pin::Pin::new(c).poll(cx)
+        {
+            check = None;
+            if let Err(e) = group::compare_signature(ctx.signature(), prev, got) {
+                return Poll::Ready(Err(e));
+            }
+        }
+        done
+    })
+    .await?;
+    if let Some(c) = check {
+        g.defer_check(ctx.seq(), *ctx.signature(), prev, c);
+    }
+    Ok(r)
+}
+
+/// [`ArgCheck::Sync`]: a dissemination exchange of empty messages under the
+/// operation's signature beside `body`: in round `k` each rank sends to `r + 2^k`
+/// and receives from `r - 2^k` (mod `n`), `ceil(log2 n)` rounds. (One round of every
+/// pair was no faster on 4 ranks: the cost is the wait for every rank, not the
+/// rounds.) Every receive compares the sender's signature with this rank's and stops
+/// at a difference. A rank finishes only after its receives, and those its senders
+/// made before sending, which together form a tree over every rank: so no rank
+/// finishes unless every signature equals its own. A rank that finds a difference
+/// fails with a mismatch error and aborts the operation on the others, which then
+/// fail with it too (instead of the senders returning `Ok`).
+async fn checked_now<T: LocalTransport, R>(
+    ctx: &OpCtx<'_, T>,
+    body: impl std::future::Future<Output = Result<R>>,
+) -> Result<R> {
+    let n = ctx.size();
     let agree = async {
         let me = ctx.rank();
         let (mut dist, mut round) = (1, 0);
@@ -245,20 +301,39 @@ pub(crate) async fn agreed<T: LocalTransport, R>(
         Ok(())
     };
     // The agreement on the heap, as the algorithms (see `allreduce`).
-    let mut both = std::pin::pin!(try_join(body, Box::pin(agree)));
-    // The first poll sends the data and the first round's empty message, often to the
-    // same peer (always on 2 ranks): gathered, they leave in one write. Written one
-    // by one, each by the sending task in its call (TCP's `tcp_direct`), the second
-    // waited for the writer task all the same, and 2-rank broadcasts of 8 B-4 KiB
-    // took 1.15x their time (BENCHMARKS.md).
-    let first =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(hcomm_core::transport::gather(|| both.as_mut().poll(cx))))
-            .await;
-    match first {
-        std::task::Poll::Ready(r) => r,
-        std::task::Poll::Pending => both.await,
+    first_gathered(try_join(body, Box::pin(agree))).await.map(|(r, ())| r)
+}
+
+pin_project_lite::pin_project! {
+    /// A future whose first poll runs in a gather scope
+    /// (`hcomm_core::transport::gather`). An argument check's first poll sends the
+    /// data and a check message, often to the same peer (always on 2 ranks):
+    /// gathered, they leave in one write. Written one by one, each by the sending
+    /// task in its call (TCP's `tcp_direct`), the second waited for the writer task
+    /// all the same, and 2-rank broadcasts of 8 B-4 KiB took 1.15x their time
+    /// (BENCHMARKS.md).
+    struct FirstGathered<F> {
+        #[pin]
+        inner: F,
+        polled: bool,
     }
-    .map(|(r, ())| r)
+}
+
+fn first_gathered<F: std::future::Future>(inner: F) -> FirstGathered<F> {
+    FirstGathered { inner, polled: false }
+}
+
+impl<F: std::future::Future> std::future::Future for FirstGathered<F> {
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        if std::mem::replace(this.polled, true) {
+            this.inner.poll(cx)
+        } else {
+            hcomm_core::transport::gather(|| this.inner.poll(cx))
+        }
+    }
 }
 
 pub(crate) fn bound(total: usize, parts: usize, i: usize) -> usize {

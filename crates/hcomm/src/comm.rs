@@ -92,7 +92,37 @@ impl<T: LocalTransport> Communicator<T> {
     /// communicator does.
     pub async fn finalize(self) -> Result<()> {
         let deadline = self.timeout().min(Duration::from_secs(60));
-        self.group.transport().shutdown(deadline).await
+        // The last rooted collectives' argument checks first (`ArgCheck::Deferred`):
+        // a mismatch they find is this call's error.
+        let checked = match tokio::time::timeout(deadline, self.settle_checks()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!("the argument checks of the last rooted collectives did not end within {deadline:?}"),
+            )
+            .at_rank(self.rank())),
+        };
+        let closed = self.group.transport().shutdown(deadline).await;
+        checked.and(closed)
+    }
+
+    /// Waits until the argument checks of this rank's earlier rooted collectives and
+    /// scans have ended, and returns the first mismatch they found. Under the
+    /// default deferred check ([`coll::ArgCheck::Deferred`]), such an operation may
+    /// return here before the previous rank's signature arrived; a mismatch found
+    /// then fails the next collective this rank starts. Call this where the answer
+    /// is wanted sooner, for example before acting on the last broadcast's data.
+    /// Not collective: it only waits for messages the other ranks' calls sent.
+    ///
+    /// # Errors
+    /// A mismatch error of the operation at fault (its kind and sequence number;
+    /// that operation is aborted on every rank still in it).
+    ///
+    /// # Cancel safety
+    /// Dropping the future forgets the check it was waiting for (its operation is
+    /// then never checked here); the others stay for later.
+    pub async fn settle_checks(&self) -> Result<()> {
+        self.group.settle_checks(0).await
     }
 
     /// Ring order of the ranks, as the ring algorithms use it: rack- and

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{check_against_reference, colls, inputs};
 use futures::future::join_all;
-use hcomm::{BcastAlgo, Communicator, LocalTransport, ReduceOp};
+use hcomm::{ArgCheck, BcastAlgo, Communicator, LocalTransport, ReduceOp};
 
 async fn suite<T: LocalTransport>(comms: &[Communicator<T>]) {
     let n = comms.len();
@@ -81,12 +81,21 @@ async fn mixed_in_flight<T: LocalTransport>(comms: &[Communicator<T>]) {
     }
 }
 
-/// Every rank of a rooted collective (and of a scan) called with different
-/// arguments on different ranks fails with a mismatch error, the ranks that only send
-/// (a broadcast's root, a gather's leaves, a scan's rank 0) included; then the
-/// communicator carries on.
+fn set_check<T: LocalTransport>(comms: &mut [Communicator<T>], check: ArgCheck) {
+    for c in comms.iter_mut() {
+        let mut t = c.tuning().clone();
+        t.check_args = check;
+        c.set_tuning(t);
+    }
+}
+
+/// With the synchronous argument check (`HCOMM_CHECK_ARGS=sync`), every rank of a
+/// rooted collective (and of a scan) called with different arguments on different
+/// ranks fails with a mismatch error, the ranks that only send (a broadcast's root, a
+/// gather's leaves, a scan's rank 0) included; then the communicator carries on.
 async fn mismatched_rooted<T: LocalTransport>(comms: &mut [Communicator<T>]) {
     comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(20)));
+    set_check(comms, ArgCheck::Sync);
     let n = comms.len();
     let all_mismatch = |what: &str, res: Vec<hcomm::Result<()>>| {
         for (r, res) in res.into_iter().enumerate() {
@@ -150,20 +159,63 @@ async fn mismatched_rooted<T: LocalTransport>(comms: &mut [Communicator<T>]) {
     res.into_iter().for_each(|r| r.unwrap());
     // With the check off (`HCOMM_CHECK_ARGS=0`), the rank that receives the other
     // length still fails; the root, which only sends, returns Ok.
-    for c in comms.iter_mut() {
-        let mut t = c.tuning().clone();
-        t.check_args = false;
-        c.set_tuning(t);
-    }
+    set_check(comms, ArgCheck::Off);
     let mut bufs: Vec<Vec<u32>> = (0..n).map(|r| vec![1; if r == n - 1 { 11 } else { 10 }]).collect();
     let res =
         join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast_with(b, 0, BcastAlgo::Binomial))).await;
     assert!(res[0].is_ok(), "{:?}", res[0]);
     assert!(res[n - 1].as_ref().is_err_and(hcomm::Error::is_mismatch), "{:?}", res[n - 1]);
-    for c in comms.iter_mut() {
-        let mut t = c.tuning().clone();
-        t.check_args = true;
-        c.set_tuning(t);
+    set_check(comms, ArgCheck::Deferred);
+    mismatched_deferred(comms).await;
+}
+
+/// With the deferred argument check (the default), a rooted collective called with
+/// different arguments: the ranks whose neighbour in rank order called otherwise
+/// find it, in the operation or, when it had already returned here, later (in their
+/// next collective, or in `settle_checks`); no rank waits for its
+/// deadline for a message that never comes, and a rank that returns `Ok` holds the
+/// root's data.
+async fn mismatched_deferred<T: LocalTransport>(comms: &mut [Communicator<T>]) {
+    let n = comms.len();
+    assert!(n >= 3);
+    // Two cases: the last rank with a longer buffer (the root only sends, its
+    // neighbour is the last rank), and rank 1 naming itself the root (its message to
+    // rank 2 matches no receive there).
+    for case in 0..2 {
+        let mut bufs: Vec<Vec<u32>> = (0..n)
+            .map(|r| {
+                let len = if case == 0 && r == n - 1 { 11 } else { 10 };
+                vec![if r == 0 { 7 } else { r as u32 + 100 }; len]
+            })
+            .collect();
+        let root = |r: usize| if case == 1 && r == 1 { 1 } else { 0 };
+        let first = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, root(c.rank())))).await;
+        let next = join_all(comms.iter().map(|c| c.barrier())).await;
+        let later = join_all(comms.iter().map(|c| c.settle_checks())).await;
+        // The ranks that must find the difference: the odd one and the one after it.
+        let finders: &[usize] = if case == 0 { &[n - 1, 0] } else { &[1, 2] };
+        for r in 0..n {
+            let what = format!("case {case}, rank {r}: {:?}, {:?}, {:?}", first[r], next[r], later[r]);
+            let mut found = false;
+            for res in [&first[r], &next[r], &later[r]] {
+                if let Err(e) = res {
+                    // A barrier fails when a rank found the broadcast's mismatch as it began.
+                    assert!(e.is_mismatch(), "{what}: only mismatches, no timeout");
+                    assert!(matches!(e.op(), Some(hcomm::OpKind::Broadcast | hcomm::OpKind::Barrier)), "{what}");
+                    found |= e.op() == Some(hcomm::OpKind::Broadcast);
+                }
+            }
+            if finders.contains(&r) {
+                assert!(found, "{what}: must report the broadcast");
+            }
+            if first[r].is_ok() && root(r) == 0 {
+                assert!(bufs[r] == vec![7; 10], "{what}: Ok with the root's data");
+            }
+        }
+        // Afterwards, every rank's check is settled and the communicator carries on.
+        let mut bufs = vec![vec![5u16; 3]; n];
+        let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, n - 1))).await;
+        res.into_iter().for_each(|r| r.unwrap());
     }
 }
 
