@@ -419,10 +419,7 @@ impl<T: LocalTransport> Group<T> {
     /// done). A mismatch aborts the checked operation on every rank still in it.
     fn judge(&self, c: &Unchecked, got: Result<hcomm_core::Frame>) -> Option<Error> {
         let e = compare_signature(&c.sig, c.from, got).err().filter(|e| e.kind() == ErrorKind::Mismatch)?;
-        let e = e
-            .in_op(c.sig.op, Some(c.seq))
-            .at_rank(self.me)
-            .note("found after this rank's call had returned; reported by its next collective");
+        let e = e.in_op(c.sig.op, Some(c.seq)).at_rank(self.me).note("found after this rank's call had returned");
         self.abort_op(c.seq, c.sig.op, &e);
         Some(e)
     }

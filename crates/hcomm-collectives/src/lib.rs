@@ -181,7 +181,7 @@ pub fn split_signature() -> Signature {
 /// number and the colour, so that its tags never meet the parent's.
 ///
 /// # Errors
-/// As [`ring_allgather`].
+/// As [`allgather`].
 pub async fn split<'g, T: LocalTransport>(ctx: OpCtx<'g, T>, color: Option<u32>, key: i64) -> Result<Option<Group<T>>> {
     let (g, seq) = (ctx.group(), ctx.seq());
     let mine = [color.map_or(-1, i64::from), key];

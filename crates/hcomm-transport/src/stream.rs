@@ -1070,7 +1070,7 @@ impl Transport for StreamTransport {
 
     /// Over TCP, the frame waits in the peer's lazy list until the next write to
     /// that peer takes it along (a direct write in the same system call), or until
-    /// its writer task's delay ([`LAZY_DELAY`]) is over. To ourselves, and to peers
+    /// its writer task's delay (`LAZY_DELAY`, 0.5 ms) is over. To ourselves, and to peers
     /// over shared memory or several connections, it is posted at once.
     fn post_lazy(&self, peer: Rank, mut header: Header, payload: Bytes) {
         if peer >= self.size || self.links[peer].is_none() || self.direct[peer].is_some() {

@@ -215,8 +215,12 @@ impl<T: LocalTransport> Communicator<T> {
     /// bitwise operators on floats); a mismatch error on every rank if ranks pass
     /// different lengths, element types or operators; a peer-failed error if a rank
     /// dies or its connection breaks; a timeout naming the ranks that did not send
-    /// their part; an aborted error if another rank failed or cancelled the operation.
-    /// The error carries this rank, the operation and its sequence number.
+    /// their part; an aborted error if another rank failed or cancelled the operation;
+    /// a mismatch error of an earlier rooted collective or scan whose argument check
+    /// found a difference after that call had returned here
+    /// ([`coll::ArgCheck::Deferred`]; this operation then did not run, and is aborted
+    /// on every rank). The error carries this rank, the operation and its sequence
+    /// number (of the earlier operation, for the last kind).
     ///
     /// # Cancel safety
     /// Not cancel safe for the data: dropping the future leaves `buf` partly reduced.
@@ -847,7 +851,10 @@ impl<T: LocalTransport> Communicator<T> {
 /// rank calls it, in the same order relative to the other collectives. Each one's
 /// errors are those of [`Communicator::all_reduce`] (invalid arguments, mismatched
 /// arguments across ranks, peer failure, timeout, abort) plus the buffer-length rules
-/// it states; each one's cancel safety is that of [`Communicator::all_reduce`]:
+/// it states. Under the default deferred argument check ([`coll::ArgCheck`]), a rank
+/// whose part ended before its neighbour's signature arrived (a broadcast's root, a
+/// gather's leaves) returns `Ok`, and learns of a mismatch in its next collective or
+/// from [`Communicator::settle_checks`]. Each one's cancel safety is that of [`Communicator::all_reduce`]:
 /// dropping the future leaves the output buffers partly written and aborts the
 /// operation on every rank, and later operations are unaffected.
 impl<T: LocalTransport> Communicator<T> {

@@ -72,7 +72,7 @@ use std::sync::Arc;
 
 use hcomm_collectives::Group;
 
-/// Connects this process to its job, from the launcher's environment (see [`env`]),
+/// Connects this process to its job, from the launcher's environment (see [`env`](mod@env)),
 /// over TCP with tokio sockets. Must run inside a tokio runtime. With
 /// `HCOMM_CALIBRATE=1` it then runs [`Communicator::calibrate`] (the cost model's
 /// parameters measured, per level of link), and with `HCOMM_TUNE` set (`1`, or the
