@@ -63,6 +63,14 @@ pub struct StreamOptions {
     /// at once. Zero waits at once (no polling at all when idle). MPI libraries poll
     /// for the same reason. Not used by the io_uring backend.
     pub tcp_spin: Duration,
+    /// Whether a spinning tokio TCP reader also gives the processor to the other
+    /// processes between tries (`sched_yield`), as MPI libraries do when ranks
+    /// outnumber cores (OpenMPI's `mpi_yield_when_idle`): the rank it waits for then
+    /// runs at once instead of after this one's time slice. `hcomm`'s bootstrap turns
+    /// it on where this host runs more ranks than it has cores (`HCOMM_SPIN_YIELD`);
+    /// measured there, small allreduces on 4 ranks over 2 cores took 0.55x the time
+    /// of not spinning, and 0.19x that of spinning without it (BENCHMARKS.md).
+    pub spin_yield: bool,
     /// With several connections per peer ([`PeerLink::Bundle`]): the least time a
     /// link holding unacknowledged data may go without the peer reporting new bytes
     /// on it (while another link still moves data) before it is suspected and its
@@ -84,7 +92,7 @@ pub struct StreamOptions {
     /// its buffer itself, instead of copying them out of a pooled buffer the
     /// connection's reader filled ([`hcomm_core::landing`]). Zero: nothing lands. Not
     /// used by io_uring, TLS, several connections per peer, or shared memory; only
-    /// with [`StreamOptions::tcp_spin`] on (it is off where ranks outnumber cores).
+    /// with [`StreamOptions::tcp_spin`] on (also where ranks outnumber cores, where it yields to other processes).
     /// Default [`DEFAULT_TCP_LAND`]: measured on 2 ranks (BENCHMARKS.md), landing
     /// took 0.56-0.72x the `bw` time and 0.60-0.85x the broadcast time at 512 KiB to
     /// 16 MiB, but 1.02-1.10x the time of allreduce and broadcast at 64-256 KiB.
@@ -154,6 +162,7 @@ impl Default for StreamOptions {
             peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
             shm: ShmOptions::default(),
             tcp_spin: DEFAULT_TCP_SPIN,
+            spin_yield: false,
             link_stall: DEFAULT_LINK_STALL,
             tcp_lend: DEFAULT_TCP_LEND,
             tcp_land: DEFAULT_TCP_LAND,
@@ -589,7 +598,7 @@ impl StreamTransport {
                         t.tcp_direct_max = opts.tcp_direct;
                     }
                     polled[peer] = Some(Arc::downgrade(&inbox) as std::sync::Weak<dyn hcomm_core::mailbox::PollLink>);
-                    let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin));
+                    let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin, opts.spin_yield));
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
                 }
@@ -598,7 +607,7 @@ impl StreamTransport {
                     let mut tasks = PeerTasks::default();
                     for (i, s) in streams.into_iter().enumerate() {
                         let (rd, wr) = s.into_split();
-                        let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin };
+                        let rd = tokio_io::TcpRead { half: rd, spin: opts.tcp_spin, yield_os: opts.spin_yield };
                         tasks.readers.push(tokio::spawn(bundle::link_reader(b.clone(), i, rd)).abort_handle());
                         let w = tokio::spawn(bundle::link_writer(b.clone(), i, wr)).abort_handle();
                         b.add_writer(w.clone());
@@ -1400,6 +1409,8 @@ mod tokio_io {
     pub(super) struct TcpRead {
         pub half: OwnedReadHalf,
         pub spin: Duration,
+        /// [`StreamOptions::spin_yield`].
+        pub yield_os: bool,
     }
 
     impl ReadLink for TcpRead {
@@ -1421,6 +1432,9 @@ mod tokio_io {
                     }
                     if start.elapsed() >= self.spin {
                         break;
+                    }
+                    if self.yield_os {
+                        std::thread::yield_now();
                     }
                     tokio::task::yield_now().await;
                 }
@@ -1639,7 +1653,7 @@ impl std::fmt::Debug for TcpInbox {
 
 impl TcpInbox {
     /// With `opts.tcp_land`, large messages may land in their receive's buffer, if
-    /// the TCP spin is on (`opts.tcp_spin`, off where ranks outnumber cores): a
+    /// the TCP spin is on (`opts.tcp_spin` not zero): a
     /// receive reading its own message spins no longer than the reader does, and one
     /// that cannot spin gains nothing (the reader reads nearly all of its message)
     /// but its reads (a window of 64 receives of 16 MiB, 4 ranks on 2 cores, kept a
@@ -1837,7 +1851,7 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
 /// The reader task of a plain tokio TCP connection: drains it whenever it has data,
 /// trying again for `spin` (yielding to the executor's other tasks) before it waits for
 /// the socket, until the link ends.
-async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration) {
+async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration, yield_os: bool) {
     inbox.links.heard_from(inbox.peer);
     let mut idle_since: Option<std::time::Instant> = None;
     loop {
@@ -1856,6 +1870,9 @@ async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration) {
             Drained::Nothing => {
                 let since = *idle_since.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() < spin {
+                    if yield_os {
+                        std::thread::yield_now();
+                    }
                     tokio::task::yield_now().await;
                 } else if let Err(e) = inbox.half.readable().await {
                     inbox.end(&mut inbox.asm.lock(), Some(broken(inbox.peer, "receiving", e)));
