@@ -301,39 +301,20 @@ async fn checked_now<T: LocalTransport, R>(
         Ok(())
     };
     // The agreement on the heap, as the algorithms (see `allreduce`).
-    first_gathered(try_join(body, Box::pin(agree))).await.map(|(r, ())| r)
-}
-
-pin_project_lite::pin_project! {
-    /// A future whose first poll runs in a gather scope
-    /// (`hcomm_core::transport::gather`). An argument check's first poll sends the
-    /// data and a check message, often to the same peer (always on 2 ranks):
-    /// gathered, they leave in one write. Written one by one, each by the sending
-    /// task in its call (TCP's `tcp_direct`), the second waited for the writer task
-    /// all the same, and 2-rank broadcasts of 8 B-4 KiB took 1.15x their time
-    /// (BENCHMARKS.md).
-    struct FirstGathered<F> {
-        #[pin]
-        inner: F,
-        polled: bool,
+    let mut both = std::pin::pin!(try_join(body, Box::pin(agree)));
+    // The first poll sends the data and the first round's empty message, often to the
+    // same peer (always on 2 ranks): gathered, they leave in one write. Written one
+    // by one, each by the sending task in its call (TCP's `tcp_direct`), the second
+    // waited for the writer task all the same, and 2-rank broadcasts of 8 B-4 KiB
+    // took 1.15x their time (BENCHMARKS.md).
+    let first =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(hcomm_core::transport::gather(|| both.as_mut().poll(cx))))
+            .await;
+    match first {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => both.await,
     }
-}
-
-fn first_gathered<F: std::future::Future>(inner: F) -> FirstGathered<F> {
-    FirstGathered { inner, polled: false }
-}
-
-impl<F: std::future::Future> std::future::Future for FirstGathered<F> {
-    type Output = F::Output;
-
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
-        let this = self.project();
-        if std::mem::replace(this.polled, true) {
-            this.inner.poll(cx)
-        } else {
-            hcomm_core::transport::gather(|| this.inner.poll(cx))
-        }
-    }
+    .map(|(r, ())| r)
 }
 
 pub(crate) fn bound(total: usize, parts: usize, i: usize) -> usize {

@@ -376,7 +376,7 @@ impl RecvFrame {
             },
         };
         let rank = self.rank;
-        let closed = || Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank);
+        let closed = || dropped_while_waiting(rank);
         // The link first, and the waker registered only if that brought nothing: a
         // message the poll itself reads is taken without a wake-up of this task (which
         // registering first would cost).
@@ -403,6 +403,11 @@ impl RecvFrame {
     }
 }
 
+/// The error of a receive whose mailbox went away while it waited.
+fn dropped_while_waiting(rank: Rank) -> Error {
+    Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank)
+}
+
 impl RecvFrame {
     /// The outcome if the mailbox already has it, without polling a link or
     /// registering a waker; `None` while it waits.
@@ -415,9 +420,7 @@ impl RecvFrame {
             Posted::Waiting(rx) => match rx.try_recv() {
                 Ok(r) => r,
                 Err(oneshot::error::TryRecvError::Empty) => return None,
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    Err(Error::new(ErrorKind::Closed, "mailbox dropped while a receive waited").at_rank(rank))
-                }
+                Err(oneshot::error::TryRecvError::Closed) => Err(dropped_while_waiting(rank)),
             },
             posted => match std::mem::replace(posted, Posted::Done) {
                 Posted::Ready(r) => return Some(r),

@@ -499,15 +499,22 @@ fn take_lazy(links: &Links, peer: Rank, q: &mut WriteQueue) -> bool {
     true
 }
 
+/// Makes `h` the header of one whole frame of `len` bytes, numbered apart from the
+/// writer task's messages (whose frames never interleave with it), as direct writes
+/// send them.
+fn make_whole(h: &mut Header, len: usize) {
+    h.msg_id = u64::MAX;
+    h.msg_len = len as u64;
+    h.offset = 0;
+    h.frag_len = len as u32;
+}
+
 /// `frames` (their `src` set) as whole frames, one after the other, as a direct
 /// write sends them.
 fn whole_frames(frames: Vec<(Header, Bytes)>) -> BytesMut {
     let mut out = BytesMut::new();
     for (mut h, payload) in frames {
-        h.msg_id = u64::MAX;
-        h.msg_len = payload.len() as u64;
-        h.offset = 0;
-        h.frag_len = payload.len() as u32;
+        make_whole(&mut h, payload.len());
         out.extend_from_slice(&h.encode());
         out.extend_from_slice(&payload);
     }
@@ -794,10 +801,7 @@ impl StreamTransport {
         // One whole frame, numbered apart from the writer's messages (whose frames
         // never interleave with it: the writer holds nothing); the frames posted
         // lazily to this peer go first, in the same system call.
-        header.msg_id = u64::MAX;
-        header.msg_len = len as u64;
-        header.offset = 0;
-        header.frag_len = len as u32;
+        make_whole(&mut header, len);
         let head = header.encode();
         let lazy = whole_frames(self.shared.take_lazy(peer));
         let parts = [std::io::IoSlice::new(&lazy), std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
