@@ -365,29 +365,37 @@ where
             let silent = Duration::from_millis(now_ms.saturating_sub(since));
             if silent > timeout {
                 *done = true;
-                let err = Error::new(
-                    ErrorKind::PeerFailed,
-                    format!(
-                        "nothing from rank {peer} for {} ms (peer timeout {} ms): its process hangs or its host or \
-                         network path is down",
-                        silent.as_millis(),
-                        timeout.as_millis()
-                    ),
-                )
-                .with_peer(peer)
-                .at_rank(me);
-                let bundle = links.bundles.lock()[peer].as_ref().and_then(|b| b.upgrade()).map(|b| b.describe());
-                tracing::warn!(
-                    rank = me,
-                    peer,
-                    silent_ms = silent.as_millis() as u64,
-                    links = bundle.as_deref().unwrap_or("one"),
-                    "peer silent: failing it"
-                );
-                links.mailbox.fail_peer(peer, err);
-                // Also when this rank had already learnt of the failure otherwise (a
-                // peer's abort, a shrink's agreement): only this stops the reader and
-                // writer of a peer that hangs, which an orderly shutdown waits for.
+                // Its reader stopped: its close frame came (our writer may still owe
+                // it ours) or its connection ended, and either failed it already.
+                if links.reader_done[peer].load(Ordering::Acquire) {
+                    continue;
+                }
+                // Failed already when this rank learnt of it otherwise (a peer's
+                // abort, a shrink's agreement); dropped all the same: only this stops
+                // the reader and writer of a peer that hangs, which an orderly
+                // shutdown waits for.
+                if links.mailbox.peer_failure(peer).is_none() {
+                    let err = Error::new(
+                        ErrorKind::PeerFailed,
+                        format!(
+                            "nothing from rank {peer} for {} ms (peer timeout {} ms): its process hangs or its host \
+                             or network path is down",
+                            silent.as_millis(),
+                            timeout.as_millis()
+                        ),
+                    )
+                    .with_peer(peer)
+                    .at_rank(me);
+                    let bundle = links.bundles.lock()[peer].as_ref().and_then(|b| b.upgrade()).map(|b| b.describe());
+                    tracing::warn!(
+                        rank = me,
+                        peer,
+                        silent_ms = silent.as_millis() as u64,
+                        links = bundle.as_deref().unwrap_or("one"),
+                        "peer silent: failing it"
+                    );
+                    links.mailbox.fail_peer(peer, err);
+                }
                 links.drop_peer(peer);
             }
         }

@@ -53,8 +53,8 @@ pub struct Config {
     /// (measured: 4 ranks on 2 cores took 2–3× longer for small allreduces with the
     /// spins on); one that yields lets it run at once, as MPI libraries do when
     /// oversubscribed (small allreduces then took 0.55x the time of not spinning at
-    /// all). On by default; setting `HCOMM_TCP_SPIN_US` or `HCOMM_SHM_SPIN_US` turns
-    /// it off (`HCOMM_SPIN_YIELD` then says whether to yield).
+    /// all). On by default; setting `HCOMM_TCP_SPIN_US`, `HCOMM_SHM_SPIN_US` or
+    /// `HCOMM_SPIN_YIELD` turns it off (the spins are then as set or by default).
     pub auto_spin: bool,
     /// Which interface the mesh listener uses (`HCOMM_IFNAME`, see
     /// [`crate::ifname`]); `None`: the one through which this rank reaches the store.
@@ -275,6 +275,7 @@ impl Config {
         }
         if let Ok(v) = std::env::var("HCOMM_SPIN_YIELD") {
             c.stream.spin_yield = Error::parse_flag("HCOMM_SPIN_YIELD", &v)?;
+            c.auto_spin = false;
         }
         if let Some(b) = size_var("HCOMM_POOL_BYTES")? {
             // Process-wide, like the memory it bounds.

@@ -84,7 +84,9 @@ impl<T: LocalTransport> Communicator<T> {
     /// communicator split from it is done.
     ///
     /// # Errors
-    /// A timeout error naming the ranks that had not closed in time; the connections
+    /// A mismatch error that the argument checks of the last rooted collectives found
+    /// (see [`Communicator::settle_checks`]), or a timeout if they did not end; a
+    /// timeout error naming the ranks that had not closed in time. The connections
     /// are closed all the same.
     ///
     /// # Cancel safety
@@ -92,8 +94,10 @@ impl<T: LocalTransport> Communicator<T> {
     /// communicator does.
     pub async fn finalize(self) -> Result<()> {
         let deadline = self.timeout().min(Duration::from_secs(60));
+        let start = tokio::time::Instant::now();
         // The last rooted collectives' argument checks first (`ArgCheck::Deferred`):
-        // a mismatch they find is this call's error.
+        // a mismatch they find is this call's error. The shutdown has what is left
+        // of the deadline.
         let checked = match tokio::time::timeout(deadline, self.settle_checks()).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(
@@ -102,7 +106,7 @@ impl<T: LocalTransport> Communicator<T> {
             )
             .at_rank(self.rank())),
         };
-        let closed = self.group.transport().shutdown(deadline).await;
+        let closed = self.group.transport().shutdown(deadline.saturating_sub(start.elapsed())).await;
         checked.and(closed)
     }
 

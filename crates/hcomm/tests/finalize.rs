@@ -83,3 +83,36 @@ async fn finalize_names_a_peer_that_never_finalizes() {
     lazy.finalize().await.unwrap();
     assert!(t.elapsed() < Duration::from_secs(5));
 }
+
+/// Rank 0 finalizes at once; rank 1 goes on working for longer than the peer timeout
+/// before it finalizes. Rank 0, closed, sends nothing more, but rank 1 must not count
+/// its silence as a failure and drop it: rank 0 waits for rank 1's close frame,
+/// which rank 1's writer still owes it. Both finalize without error.
+#[test]
+fn a_rank_that_finalized_first_is_not_dropped_as_silent() {
+    let port = free_port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    let mut c = config(rank, port);
+                    c.stream.peer_timeout = Some(Duration::from_millis(300));
+                    c.timeout = Duration::from_secs(20);
+                    let comm = c.connect().await.unwrap();
+                    let mut v = vec![rank as u32 + 1; 10];
+                    comm.all_reduce(&mut v, hcomm::ReduceOp::Sum).await.unwrap();
+                    assert_eq!(v, vec![3; 10]);
+                    if rank == 1 {
+                        // Work that sends nothing, past the peer timeout.
+                        tokio::time::sleep(Duration::from_millis(1200)).await;
+                    }
+                    // A rank that waited for a close frame never written fails by its
+                    // deadline here.
+                    comm.finalize().await.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+                })
+            })
+        })
+        .collect();
+    ranks.into_iter().for_each(|r| r.join().unwrap());
+}
