@@ -832,6 +832,14 @@ impl Mailbox {
         });
     }
 
+    /// Whether a receive waits for `key` (the first in line not dropped).
+    pub fn awaited(&self, key: &MatchKey) -> bool {
+        match self.inner.lock().slots.get(key) {
+            Some(Slot::Waiting(waiters)) => waiters.front().is_some_and(|w| !w.tx.is_closed()),
+            _ => false,
+        }
+    }
+
     /// The landing of the first receive waiting for `key`, if it offered one for a
     /// message of exactly `len` bytes: the receive is taken out of the mailbox's
     /// matching (the message with `key` whose first fragment the caller, a link, has

@@ -225,6 +225,8 @@ impl WriteQueue {
 #[derive(Debug)]
 struct Partial {
     header: Header,
+    /// When its first fragment's header was read.
+    opened: std::time::Instant,
     data: PoolBuf,
     /// The message lands in a receive's buffer instead ([`hcomm_core::landing`]):
     /// `data` stays empty.
@@ -446,6 +448,51 @@ impl Assembler {
         self.direct.is_some()
     }
 
+    /// The message whose fragment's body comes next in the stream, if it could land
+    /// and does not (no receive with a buffer of its length waited when its first
+    /// header came).
+    fn unlanded(&self) -> Option<(u64, &Partial)> {
+        let (id, _) = self.direct?;
+        let p = self.partial.get(&id)?;
+        let could = self.mailbox.is_some()
+            && p.landed.is_none()
+            && p.header.kind == hcomm_core::FrameKind::Data
+            && p.header.msg_len >= self.land_min as u64;
+        could.then_some((id, p))
+    }
+
+    /// Lands the rest of the message whose body comes next in the stream, if it
+    /// could land, did not, and its receive now waits with a buffer of its length
+    /// (posted after its first header came): what arrived of it so far becomes a
+    /// piece the receive copies in, the rest goes into the receive's buffer.
+    /// Whether it lands now. No other message with its key is partly received (the
+    /// sender's [`WriteQueue`] starts none while one is being sent), so the receive
+    /// is this message's.
+    pub fn claim_late(&mut self) -> bool {
+        let Some((id, p)) = self.unlanded() else { return false };
+        let (Some(m), Ok(len)) = (self.mailbox.as_deref(), usize::try_from(p.header.msg_len)) else { return false };
+        let Some(landing) = m.claim(&hcomm_core::MatchKey::of(&p.header), len) else { return false };
+        let p = self.partial.get_mut(&id).expect("unlanded found it");
+        let data = std::mem::replace(&mut p.data, pool::take(0));
+        let received = data.len();
+        let pieces = match received {
+            0 => Vec::new(),
+            _ => vec![(0, data.freeze())],
+        };
+        p.landed = Some(Landed { landing, received, pieces, cur: None });
+        true
+    }
+
+    /// Whether the message whose body comes next could land, does not, its first
+    /// header came less than `patience` ago, and no receive waits for it (one that
+    /// does waits without a buffer of its length, and is served as usual): its
+    /// receive may yet be posted ([`claim_late`](Self::claim_late)).
+    pub fn awaits_receive(&self, patience: std::time::Duration) -> bool {
+        let Some((_, p)) = self.unlanded() else { return false };
+        let Some(m) = self.mailbox.as_deref() else { return false };
+        p.opened.elapsed() < patience && !m.awaited(&hcomm_core::MatchKey::of(&p.header))
+    }
+
     /// The landing whose message the fragment being read belongs to, if it lands.
     pub fn landed_target(&self) -> Option<&Arc<Landing>> {
         let (id, _) = self.direct?;
@@ -532,10 +579,11 @@ impl Assembler {
                 };
                 if let Some(landing) = landing {
                     let landed = Landed { landing, received: 0, pieces: Vec::new(), cur: None };
-                    return Ok(v.insert(Partial { header: *h, data: pool::take(0), landed: Some(landed) }));
+                    let opened = std::time::Instant::now();
+                    return Ok(v.insert(Partial { header: *h, opened, data: pool::take(0), landed: Some(landed) }));
                 }
                 let data = pool::take(h.msg_len.min(MAX_PREALLOC) as usize);
-                Ok(v.insert(Partial { header: *h, data, landed: None }))
+                Ok(v.insert(Partial { header: *h, opened: std::time::Instant::now(), data, landed: None }))
             }
             Entry::Occupied(o) => {
                 let p = o.into_mut();

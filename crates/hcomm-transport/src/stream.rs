@@ -1573,6 +1573,14 @@ mod tls_io {
 /// receive woken on another thread takes tens of microseconds to come.
 const TURN_PATIENCE: Duration = Duration::from_micros(200);
 
+/// How long after a large message's first header a TCP link's reader leaves the rest
+/// of it in the socket, if no receive waited for it with a buffer of its length, for
+/// such a receive to be posted ([`Assembler::claim_late`]) and the bytes to land in
+/// it, instead of reading them into a pooled buffer the receive copies out of later.
+/// Back-to-back 1 MiB broadcasts on 2 ranks, whose root runs ahead, had landed 1 in
+/// 5 messages: the receive of the next came a few microseconds after its header.
+const LAND_PATIENCE: Duration = Duration::from_micros(200);
+
 /// How long a receive reading its own message's bytes keeps trying, without progress,
 /// before it leaves the socket to the reader task ([`recv_spinning`]).
 const OWNER_SPIN: Duration = Duration::from_micros(50);
@@ -1716,6 +1724,11 @@ impl TcpInbox {
             if let Some(ended) = self.deliver(&mut asm) {
                 return ended;
             }
+            // A receive posted after its message's first header came: the rest of
+            // the message lands in its buffer (the owner's own, perhaps).
+            if asm.in_body() {
+                asm.claim_late();
+            }
             let mine = owner.as_ref().and_then(|(l, _)| asm.owner_target(l));
             let is_owner = owner.is_some();
             // A short read that emptied the socket (see `read_ready`): nothing more to read.
@@ -1751,6 +1764,13 @@ impl TcpInbox {
                         && self.readable_now()
                         && l.offer_turn(TURN_PATIENCE)
                     {
+                        turn = true;
+                        break;
+                    }
+                    // A large message whose receive is not posted yet: its bytes
+                    // stay in the socket a while, so that they land when it comes
+                    // instead of being read here and copied again.
+                    if !is_owner && !self.owner_spin.is_zero() && asm.awaits_receive(LAND_PATIENCE) {
                         turn = true;
                         break;
                     }
@@ -1887,8 +1907,14 @@ async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration, yield_os: bool) {
                 // `READER_READS`).
                 tokio::task::yield_now().await;
             }
-            // A receive reads its own message, or holds the parser: let it.
-            Drained::Turn => tokio::task::yield_now().await,
+            // A receive reads its own message, or holds the parser, or may come for
+            // the message next in the socket: let it.
+            Drained::Turn => {
+                if yield_os {
+                    std::thread::yield_now();
+                }
+                tokio::task::yield_now().await
+            }
             Drained::Nothing if inbox.asm.is_locked() => tokio::task::yield_now().await,
             Drained::Nothing => {
                 let since = *idle_since.get_or_insert_with(std::time::Instant::now);

@@ -245,3 +245,41 @@ async fn what_lands_by_default_and_when_off() {
         }
     }
 }
+
+/// A `recv_into` posted after its message began to arrive lands the rest of it: the
+/// reader leaves a large message's bytes in the socket a while for its receive, then
+/// reads on into a buffer of its own, and what it read becomes a piece the receive
+/// copies in once posted. Here the receive comes 3 ms after the send of 64 MiB began
+/// (past the reader's patience); the data is whole, the message landed, and the link
+/// goes on. A later message under the same tag, received without a buffer of its
+/// length, is not held for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_posted_late_lands_the_rest_of_its_message() {
+    let mut comms = hcomm::local_tcp_with(2, |_| {}).await.unwrap();
+    comms.iter_mut().for_each(|c| c.set_timeout(Duration::from_secs(30)));
+    let (a, b) = (&comms[0], &comms[1]);
+    let len = 64 << 20;
+    let data = random_bytes(len, 77);
+    let next = random_bytes(1 << 20, 78);
+    let sends = async {
+        a.send(1, 3, &data).await?;
+        a.send(1, 3, &next).await
+    };
+    let recvs = async {
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let mut out = vec![0u8; len];
+        b.recv_into(0, 3, &mut out).await?;
+        assert!(out == data, "wrong bytes");
+        let second: Vec<u8> = b.recv(0, 3).await?;
+        assert!(second == next, "wrong bytes in the message after");
+        hcomm::Result::<()>::Ok(())
+    };
+    let (s, r) = futures::join!(sends, recvs);
+    s.unwrap();
+    r.unwrap();
+    let (messages, own, pieces) = landed(b);
+    assert_eq!((messages, own + pieces), (1, len as u64), "{:?}", landed(b));
+    let (x, y) = futures::join!(a.barrier(), b.barrier());
+    x.unwrap();
+    y.unwrap();
+}
