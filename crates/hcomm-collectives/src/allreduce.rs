@@ -18,8 +18,11 @@ use crate::{OpCtx, bound, check_reduce_op, copy_in, reduce_in};
 
 /// Target size of one pipelined piece of a ring allreduce. A segment larger than this
 /// is cut into columns that travel the ring independently, so that reducing one piece
-/// overlaps sending the next.
-pub const RING_CHUNK_BYTES: usize = 256 << 10;
+/// overlaps sending the next. At the size from which TCP receives land in their
+/// buffer (`HCOMM_TCP_LAND`, 512 KiB), so that a column's pieces do: with 256 KiB
+/// pieces, which never landed, 2 ranks over TCP took 1.1-1.35x the time at 1-16 MiB
+/// (three interleaved runs, BENCHMARKS.md); 4 ranks moved within noise.
+pub const RING_CHUNK_BYTES: usize = 512 << 10;
 /// Most columns a ring allreduce uses.
 pub const RING_MAX_COLUMNS: usize = 64;
 
