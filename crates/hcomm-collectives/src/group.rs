@@ -707,7 +707,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// [`compare_signature`].
     pub(crate) fn post_check(&self, from: usize, tag: u32) -> RecvFrame {
         let key = MatchKey { src: self.g.world_rank(from), comm: self.g.comm, seq: self.seq, tag };
-        self.g.transport.mailbox().recv_frame(key)
+        self.g.transport.mailbox().recv_frame(key).passive()
     }
 
     /// Posts this rank's argument check message (empty, under the operation's

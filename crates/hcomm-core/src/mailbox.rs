@@ -295,6 +295,12 @@ pub trait PollLink: Send + Sync {
     fn spins(&self) -> bool {
         true
     }
+
+    /// As [`PollLink::poll`], in the first poll of a receive that offered no landing
+    /// (a link may read more eagerly there, once per receive, than in later polls).
+    fn poll_first(&self) -> bool {
+        self.poll()
+    }
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -342,6 +348,8 @@ pub struct RecvFrame {
     progress: Option<Arc<Progress>>,
     /// The landing this receive offered, if any ([`RecvFrame::poll_into`]).
     owner: Option<OwnerGuard>,
+    /// Not polled yet ([`PollLink::poll_first`]).
+    first: bool,
 }
 
 /// Where a [`RecvFrame`] stands.
@@ -383,8 +391,10 @@ impl RecvFrame {
         if let Some(p) = &self.progress {
             let polled = match &self.owner {
                 Some(OwnerGuard(l)) => poll_link(p, self.src, rx, |link| link.poll_into(l, dst)),
+                None if self.first => poll_link(p, self.src, rx, |link| link.poll_first()),
                 None => poll_link(p, self.src, rx, |link| link.poll()),
             };
+            self.first = false;
             if let Some(r) = polled {
                 self.posted = Posted::Done;
                 return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
@@ -409,6 +419,14 @@ fn dropped_while_waiting(rank: Rank) -> Error {
 }
 
 impl RecvFrame {
+    /// The receive, made not to read its link in its first poll
+    /// ([`PollLink::poll_first`]): for a message not expected soon (an argument
+    /// check's, which comes lazily), where that read would only cost a system call.
+    pub fn passive(mut self) -> RecvFrame {
+        self.first = false;
+        self
+    }
+
     /// The outcome if the mailbox already has it, without polling a link or
     /// registering a waker; `None` while it waits.
     ///
@@ -667,6 +685,7 @@ impl Mailbox {
             rank: self.rank,
             progress: self.progress.get().cloned(),
             owner: None,
+            first: true,
         }
     }
 
@@ -698,6 +717,7 @@ impl Mailbox {
             rank: self.rank,
             progress,
             owner: landing.map(OwnerGuard),
+            first: true,
         };
         RecvFrameInto { frame, dst: Some(dst) }
     }

@@ -146,3 +146,61 @@ async fn awaited_sends_go_directly_and_a_window_is_gathered() {
     assert!(window <= 5, "{window} of a window of {count} written directly");
     futures::future::try_join_all(comms.into_iter().map(|c| c.finalize())).await.unwrap();
 }
+
+/// A receive made after a send to the same peer (the other half of an exchange)
+/// reads the socket itself in its first poll, and takes messages there; a rank
+/// that only receives (a broadcast's leaf) never does, and neither does anyone on
+/// an oversubscribed host (`spin_yield`). Exchanges of sizes on both sides of the
+/// direct and landing limits, each rank on a thread of its own, arrive whole and in
+/// order.
+#[test]
+fn an_exchange_reads_in_its_first_poll_and_a_lone_receive_does_not() {
+    for crowded in [false, true] {
+        let port = free_port();
+        let rounds = 300;
+        let len = |i: usize| [0, 1, 8, 100, 4099, 70_000, 600_001][i % 7];
+        let rank = move |me: usize| {
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    let mut c = config(me, port);
+                    c.auto_spin = false;
+                    c.stream.spin_yield = crowded;
+                    let comm = c.connect().await.unwrap();
+                    let peer = 1 - me;
+                    for i in 0..rounds {
+                        let mine = random_bytes(len(i), (10 * i + me) as u64);
+                        let (s, r) = futures::join!(comm.send(peer, 1, &mine), comm.recv::<u8>(peer, 1));
+                        s.unwrap();
+                        let theirs = random_bytes(len(i), (10 * i + peer) as u64);
+                        assert!(r.unwrap() == theirs, "exchange {i} of rank {me}: wrong bytes");
+                    }
+                    let exchanged = comm.transport().tcp_first_reads();
+                    // Rank 0 sends, rank 1 only receives.
+                    for i in 0..rounds {
+                        let m = random_bytes(len(i), 5000 + i as u64);
+                        match me {
+                            0 => comm.send(1, 2, &m).await.unwrap(),
+                            _ => assert!(comm.recv::<u8>(0, 2).await.unwrap() == m, "message {i}: wrong bytes"),
+                        }
+                    }
+                    let after = comm.transport().tcp_first_reads();
+                    comm.finalize().await.unwrap();
+                    (exchanged, after)
+                })
+            })
+        };
+        let (a, b) = (rank(0), rank(1));
+        let ((a_ex, _), (b_ex, b_after)) = (a.join().unwrap(), b.join().unwrap());
+        match crowded {
+            true => assert_eq!((a_ex, b_ex, b_after), ((0, 0), (0, 0), (0, 0))),
+            false => {
+                // An exchange's receive reads unless the reader task delivered its
+                // message first (then it polls no link); some found it there.
+                assert!(a_ex.0 >= rounds as u64 / 2 && b_ex.0 >= rounds as u64 / 2, "{a_ex:?} {b_ex:?}");
+                assert!(a_ex.1 + b_ex.1 > 0, "no first read found bytes: {a_ex:?} {b_ex:?}");
+                assert_eq!(b_after, b_ex, "a rank that only receives read in first polls");
+            }
+        }
+    }
+}
