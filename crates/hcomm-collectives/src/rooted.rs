@@ -5,11 +5,8 @@ use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signa
 
 use crate::{OpCtx, agreed, check_reduce_op, counts_hash, offsets, reduce_in};
 
-/// Piece size of the pipelined chain broadcast: the size from which TCP receives
-/// land in their buffer (`HCOMM_TCP_LAND`), as the ring allreduce's columns. Forced
-/// chain broadcasts of 1-16 MiB on 4 ranks over TCP took 0.85-0.95x the time of
-/// 256 KiB pieces (medians of four alternated runs; 4 MiB equal).
-pub const BCAST_CHAIN_CHUNK_BYTES: usize = 512 << 10;
+/// Piece size of the pipelined chain broadcast.
+pub const BCAST_CHAIN_CHUNK_BYTES: usize = 256 << 10;
 
 algo_enum! {
     /// Broadcast algorithms.
