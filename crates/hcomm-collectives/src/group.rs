@@ -49,13 +49,52 @@ pub struct Group<T> {
 }
 
 /// The argument check of a finished operation: the receive of the previous rank's
-/// signature message, and what to compare it with.
+/// signature message (or its key, if none was posted), and what to compare it with.
 #[derive(Debug)]
 struct Unchecked {
     seq: u64,
     sig: Signature,
     from: usize,
-    frame: RecvFrame,
+    frame: Check,
+}
+
+/// The receive of an argument check message.
+#[derive(Debug)]
+pub(crate) enum Check {
+    /// Not posted (the operation ended in its first poll): the mailbox keeps the
+    /// message when it comes, and it is looked for there.
+    Unposted(MatchKey),
+    /// Posted (the operation waited), polled beside its work.
+    Posted(RecvFrame),
+}
+
+impl Check {
+    /// The receive, posted if it was not.
+    pub(crate) fn posted(&mut self, mailbox: &hcomm_core::Mailbox) -> &mut RecvFrame {
+        if let Check::Unposted(key) = self {
+            *self = Check::Posted(mailbox.recv_frame(*key).passive());
+        }
+        match self {
+            Check::Posted(frame) => frame,
+            Check::Unposted(_) => unreachable!("posted above"),
+        }
+    }
+
+    /// The outcome, if known, without waiting.
+    fn try_take(&mut self, mailbox: &hcomm_core::Mailbox) -> Option<Result<hcomm_core::Frame>> {
+        match self {
+            Check::Unposted(key) => mailbox.take_now(key),
+            Check::Posted(frame) => frame.try_take(),
+        }
+    }
+
+    /// The outcome, waited for.
+    async fn wait(self, mailbox: &hcomm_core::Mailbox) -> Result<hcomm_core::Frame> {
+        match self {
+            Check::Unposted(key) => mailbox.recv_frame(key).passive().await,
+            Check::Posted(frame) => frame.await,
+        }
+    }
 }
 
 /// The last selections of one collective, by message size and float-ness, in a few
@@ -366,7 +405,7 @@ impl<T: LocalTransport> Group<T> {
 
     /// Keeps the argument check of operation `seq` (signature `sig`), which
     /// returned before group rank `from`'s signature arrived, for later.
-    pub(crate) fn defer_check(&self, seq: u64, sig: Signature, from: usize, frame: RecvFrame) {
+    pub(crate) fn defer_check(&self, seq: u64, sig: Signature, from: usize, frame: Check) {
         self.unchecked.lock().push_back(Unchecked { seq, sig, from, frame });
         self.unchecked_len.fetch_add(1, Ordering::Relaxed);
     }
@@ -385,9 +424,9 @@ impl<T: LocalTransport> Group<T> {
         // Oldest first, up to the first still waiting: checks arrive about in the
         // order of their operations, and every collective asks.
         while let Some(c) = q.front_mut() {
-            let Some(got) = c.frame.try_take() else { break };
+            let Some(got) = c.frame.try_take(self.transport.mailbox()) else { break };
             let c = q.pop_front().expect("looked at above");
-            if let Some(e) = self.judge(&c, got) {
+            if let Some(e) = self.judge(c.seq, &c.sig, c.from, got) {
                 found.get_or_insert(e);
             }
         }
@@ -403,10 +442,11 @@ impl<T: LocalTransport> Group<T> {
     /// A mismatch found by a check, as an error of the operation it belongs to.
     pub async fn settle_checks(&self, keep: usize) -> Result<()> {
         while self.unchecked_len.load(Ordering::Relaxed) > keep {
-            let Some(mut c) = self.unchecked.lock().pop_front() else { break };
+            let Some(c) = self.unchecked.lock().pop_front() else { break };
             self.unchecked_len.fetch_sub(1, Ordering::Relaxed);
-            let got = (&mut c.frame).await;
-            if let Some(e) = self.judge(&c, got) {
+            let Unchecked { seq, sig, from, frame } = c;
+            let got = frame.wait(self.transport.mailbox()).await;
+            if let Some(e) = self.judge(seq, &sig, from, got) {
                 return Err(e);
             }
         }
@@ -417,10 +457,10 @@ impl<T: LocalTransport> Group<T> {
     /// receive failed otherwise than by a mismatch (a peer's failure shows in the
     /// operations that need that peer; this rank's part of the checked one was
     /// done). A mismatch aborts the checked operation on every rank still in it.
-    fn judge(&self, c: &Unchecked, got: Result<hcomm_core::Frame>) -> Option<Error> {
-        let e = compare_signature(&c.sig, c.from, got).err().filter(|e| e.kind() == ErrorKind::Mismatch)?;
-        let e = e.in_op(c.sig.op, Some(c.seq)).at_rank(self.me).note("found after this rank's call had returned");
-        self.abort_op(c.seq, c.sig.op, &e);
+    fn judge(&self, seq: u64, sig: &Signature, from: usize, got: Result<hcomm_core::Frame>) -> Option<Error> {
+        let e = compare_signature(sig, from, got).err().filter(|e| e.kind() == ErrorKind::Mismatch)?;
+        let e = e.in_op(sig.op, Some(seq)).at_rank(self.me).note("found after this rank's call had returned");
+        self.abort_op(seq, sig.op, &e);
         Some(e)
     }
 
@@ -702,12 +742,10 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         }
     }
 
-    /// Posts the receive of group rank `from`'s argument check message (an empty
-    /// message under `tag`) in this operation, to compare with
-    /// [`compare_signature`].
-    pub(crate) fn post_check(&self, from: usize, tag: u32) -> RecvFrame {
-        let key = MatchKey { src: self.g.world_rank(from), comm: self.g.comm, seq: self.seq, tag };
-        self.g.transport.mailbox().recv_frame(key).passive()
+    /// The argument check message of group rank `from` (an empty message under
+    /// `tag`) in this operation, to compare with [`compare_signature`]: not posted.
+    pub(crate) fn unposted_check(&self, from: usize, tag: u32) -> Check {
+        Check::Unposted(MatchKey { src: self.g.world_rank(from), comm: self.g.comm, seq: self.seq, tag })
     }
 
     /// Posts this rank's argument check message (empty, under the operation's

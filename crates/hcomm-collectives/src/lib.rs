@@ -248,17 +248,27 @@ async fn checked_later<T: LocalTransport, R>(
     g.settle_checks(MAX_UNCHECKED - 1).await?;
     let (me, n) = (ctx.rank(), ctx.size());
     let prev = (me + n - 1) % n;
-    let mut check = Some(ctx.post_check(prev, AGREE_TAG));
+    let mut check = Some(ctx.unposted_check(prev, AGREE_TAG));
     // Posted lazily: it leaves with this rank's next write to the next rank (the
     // data, when that goes there too), or within a millisecond or two
     // (`LocalTransport::post_lazy`). Nobody waits for it: a rank that only receives
     // does not pay a system call per operation to send it.
     ctx.post_check_lazy((me + 1) % n, AGREE_TAG);
+    let mailbox = g.transport().mailbox();
     let mut work = std::pin::pin!(body);
+    let mut first = true;
     let r = std::future::poll_fn(|cx| {
         let done = work.as_mut().poll(cx);
+        // Done in its first poll (a broadcast's root, say): the check's receive is
+        // not even posted; the mailbox keeps the message, and the group looks for it
+        // there later. A posted receive (a waiter, a channel, a wake-up on arrival)
+        // cost a 2-rank root of back-to-back 8 B broadcasts 0.15 µs per operation
+        // (3.94 µs against 3.79, medians of four alternated runs of 30 000).
+        if std::mem::take(&mut first) && done.is_ready() {
+            return done;
+        }
         if let Some(c) = check.as_mut()
-            && let Poll::Ready(got) = std::pin::Pin::new(c).poll(cx)
+            && let Poll::Ready(got) = std::pin::Pin::new(c.posted(mailbox)).poll(cx)
         {
             check = None;
             if let Err(e) = group::compare_signature(ctx.signature(), prev, got) {

@@ -722,6 +722,29 @@ impl Mailbox {
         RecvFrameInto { frame, dst: Some(dst) }
     }
 
+    /// The outcome a receive for `key` would have at once (its message, if it
+    /// arrived, taken out of the mailbox; or the error that fails it), without
+    /// posting one: `None` if it would wait. For a message looked for later and not
+    /// waited on, such as an argument check's.
+    pub fn take_now(&self, key: &MatchKey) -> Option<Result<Frame>> {
+        Self::outcome_now(&mut self.inner.lock(), key)
+    }
+
+    /// What [`Mailbox::post`] returns without waiting, if anything.
+    fn outcome_now(inner: &mut Inner, key: &MatchKey) -> Option<Result<Frame>> {
+        if let Some(e) = inner.aborted_comms.get(&key.comm).or_else(|| inner.aborted.get(&(key.comm, key.seq))) {
+            return Some(Err(e.clone()));
+        }
+        if let Some(Slot::Arrived(q)) = inner.slots.get_mut(key) {
+            let f = q.pop_front().expect("arrived slots are never empty");
+            if q.is_empty() {
+                inner.slots.remove(key);
+            }
+            return Some(Ok(f));
+        }
+        inner.closed.as_ref().or_else(|| inner.failed_peers.get(&key.src)).map(|e| Err(e.clone()))
+    }
+
     #[allow(clippy::type_complexity)]
     fn post(
         &self,
@@ -730,18 +753,8 @@ impl Mailbox {
     ) -> std::result::Result<Result<Frame>, oneshot::Receiver<Result<Frame>>> {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
-        if let Some(e) = inner.aborted_comms.get(&key.comm).or_else(|| inner.aborted.get(&(key.comm, key.seq))) {
-            return Ok(Err(e.clone()));
-        }
-        if let Some(Slot::Arrived(q)) = inner.slots.get_mut(&key) {
-            let f = q.pop_front().expect("arrived slots are never empty");
-            if q.is_empty() {
-                inner.slots.remove(&key);
-            }
-            return Ok(Ok(f));
-        }
-        if let Some(e) = inner.closed.as_ref().or_else(|| inner.failed_peers.get(&key.src)) {
-            return Ok(Err(e.clone()));
+        if let Some(r) = Self::outcome_now(inner, &key) {
+            return Ok(r);
         }
         let (tx, rx) = oneshot::channel();
         let waiter = Waiter { tx, landing };
@@ -960,5 +973,29 @@ mod tests {
         // Frames of an aborted operation are dropped.
         m.deliver(frame(1, 3, 2, 0));
         assert_eq!(m.pending(), 0);
+    }
+
+    /// `take_now` takes an arrived message without posting a receive, in order,
+    /// says nothing (and posts nothing) for one not arrived, and reports what fails
+    /// a receive: an aborted operation, a failed peer.
+    #[test]
+    fn take_now_takes_what_arrived_and_posts_nothing() {
+        let m = Mailbox::new(0);
+        assert!(m.take_now(&key(1, 0, 5)).is_none());
+        assert_eq!(m.pending(), 0, "a look posted a receive");
+        m.deliver(frame(1, 0, 5, 1));
+        m.deliver(frame(1, 0, 5, 2));
+        assert_eq!(m.take_now(&key(1, 0, 5)).unwrap().unwrap().payload[0], 1);
+        assert_eq!(m.take_now(&key(1, 0, 5)).unwrap().unwrap().payload[0], 2);
+        assert!(m.take_now(&key(1, 0, 5)).is_none());
+        assert_eq!(m.pending(), 0);
+        // Delivered while nobody waits, then taken.
+        m.deliver(frame(1, 1, 5, 3));
+        assert_eq!(m.take_now(&key(1, 1, 5)).unwrap().unwrap().payload[0], 3);
+        let abort = Header::control(FrameKind::Abort, OpKind::AllReduce, 1, 1, 2, 0);
+        m.deliver(Frame::new(abort, encode_abort(&Error::new(ErrorKind::Mismatch, "len"))));
+        assert!(m.take_now(&key(1, 2, 5)).unwrap().unwrap_err().is_mismatch());
+        m.fail_peer(3, Error::new(ErrorKind::PeerFailed, "gone").with_peer(3));
+        assert!(m.take_now(&key(3, 0, 5)).unwrap().unwrap_err().is_peer_failed());
     }
 }
