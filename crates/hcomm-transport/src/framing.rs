@@ -302,6 +302,20 @@ pub(crate) struct LandStats {
     pub piece_bytes: std::sync::atomic::AtomicU64,
 }
 
+/// Whether the message `h` begins may land in its receive's buffer: a data message
+/// of `min` bytes or more.
+fn landable(h: &Header, min: usize) -> bool {
+    h.kind == hcomm_core::FrameKind::Data && h.msg_len >= min as u64
+}
+
+/// The landing of the receive waiting for the message `h` begins, if it may land
+/// ([`landable`]) and that receive offered a buffer of its length
+/// ([`hcomm_core::Mailbox::claim`]).
+fn claim_landing(m: &hcomm_core::Mailbox, min: usize, h: &Header) -> Option<Arc<Landing>> {
+    let len = usize::try_from(h.msg_len).ok().filter(|_| landable(h, min))?;
+    m.claim(&hcomm_core::MatchKey::of(h), len)
+}
+
 fn protocol(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Protocol, msg)
 }
@@ -454,10 +468,7 @@ impl Assembler {
     fn unlanded(&self) -> Option<(u64, &Partial)> {
         let (id, _) = self.direct?;
         let p = self.partial.get(&id)?;
-        let could = self.mailbox.is_some()
-            && p.landed.is_none()
-            && p.header.kind == hcomm_core::FrameKind::Data
-            && p.header.msg_len >= self.land_min as u64;
+        let could = self.mailbox.is_some() && p.landed.is_none() && landable(&p.header, self.land_min);
         could.then_some((id, p))
     }
 
@@ -465,13 +476,13 @@ impl Assembler {
     /// could land, did not, and its receive now waits with a buffer of its length
     /// (posted after its first header came): what arrived of it so far becomes a
     /// piece the receive copies in, the rest goes into the receive's buffer.
-    /// Whether it lands now. No other message with its key is partly received (the
-    /// sender's [`WriteQueue`] starts none while one is being sent), so the receive
-    /// is this message's.
-    pub fn claim_late(&mut self) -> bool {
-        let Some((id, p)) = self.unlanded() else { return false };
-        let (Some(m), Ok(len)) = (self.mailbox.as_deref(), usize::try_from(p.header.msg_len)) else { return false };
-        let Some(landing) = m.claim(&hcomm_core::MatchKey::of(&p.header), len) else { return false };
+    /// No other message with its key is partly received (the sender's
+    /// [`WriteQueue`] starts none while one is being sent), so the receive is this
+    /// message's.
+    pub fn claim_late(&mut self) {
+        let Some((id, p)) = self.unlanded() else { return };
+        let Some(m) = self.mailbox.as_deref() else { return };
+        let Some(landing) = claim_landing(m, self.land_min, &p.header) else { return };
         let p = self.partial.get_mut(&id).expect("unlanded found it");
         let data = std::mem::replace(&mut p.data, pool::take(0));
         let received = data.len();
@@ -480,7 +491,6 @@ impl Assembler {
             _ => vec![(0, data.freeze())],
         };
         p.landed = Some(Landed { landing, received, pieces, cur: None });
-        true
     }
 
     /// Whether the message whose body comes next could land, does not, its first
@@ -571,12 +581,7 @@ impl Assembler {
                 }
                 // A data message large enough, whose receive waits with a buffer of
                 // its length: it lands there.
-                let landing = match mailbox {
-                    Some((m, min)) if h.kind == hcomm_core::FrameKind::Data && h.msg_len >= min as u64 => {
-                        usize::try_from(h.msg_len).ok().and_then(|len| m.claim(&hcomm_core::MatchKey::of(h), len))
-                    }
-                    _ => None,
-                };
+                let landing = mailbox.and_then(|(m, min)| claim_landing(m, min, h));
                 if let Some(landing) = landing {
                     let landed = Landed { landing, received: 0, pieces: Vec::new(), cur: None };
                     let opened = std::time::Instant::now();

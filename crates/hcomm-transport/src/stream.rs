@@ -1753,9 +1753,7 @@ impl TcpInbox {
             }
             // A receive posted after its message's first header came: the rest of
             // the message lands in its buffer (the owner's own, perhaps).
-            if asm.in_body() {
-                asm.claim_late();
-            }
+            asm.claim_late();
             let mine = owner.as_ref().and_then(|(l, _)| asm.owner_target(l));
             let is_owner = owner.is_some() || inline;
             // A short read that emptied the socket (see `read_ready`): nothing more to read.
