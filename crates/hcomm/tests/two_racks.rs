@@ -186,16 +186,20 @@ fn run(c: &Cluster, mode: Mode, bytes: usize, iters: usize, port: u16) -> Run {
             cmd.spawn().unwrap()
         })
         .collect();
-    let outs: Vec<String> = children
-        .into_iter()
+    let done: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    // Every failed rank's output: the first in rank order often only reports a peer
+    // that failed before it.
+    let failed: Vec<String> = done
+        .iter()
         .enumerate()
-        .map(|(r, c)| {
-            let Output { status, stdout, stderr } = c.wait_with_output().unwrap();
-            let stdout = String::from_utf8_lossy(&stdout).into_owned();
-            assert!(status.success(), "{mode:?}: rank {r} failed:\n{stdout}\n{}", String::from_utf8_lossy(&stderr));
-            stdout
+        .filter(|(_, o)| !o.status.success())
+        .map(|(r, o)| {
+            let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            format!("rank {r} failed:\n{out}\n{err}")
         })
         .collect();
+    assert!(failed.is_empty(), "{mode:?}: {}", failed.join("\n"));
+    let outs: Vec<String> = done.into_iter().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).collect();
     let mut worst = 0.0f64;
     for out in &outs {
         let mut t: Vec<f64> = out
