@@ -3,8 +3,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,6 +17,7 @@ use hcomm_core::{
 use hcomm_topology::Topology;
 
 use crate::allreduce::{AllreduceAlgo, HierPlan, Layout, Tuning};
+use crate::{AllgatherAlgo, AlltoallAlgo, BcastAlgo, ReduceScatterAlgo};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -39,14 +41,21 @@ pub struct Group<T> {
     timeout: Duration,
     stall_warn: Option<Duration>,
     tuning: Tuning,
-    /// The allreduce algorithms chosen lately, by size: see [`ChoiceMemo`].
-    allreduce_memo: ChoiceMemo,
+    /// The algorithms chosen lately, by collective and size: see [`ChoiceMemo`].
+    memo: Memos,
     /// Argument checks ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)) of operations that returned before
     /// the previous rank's signature arrived, oldest first.
     unchecked: Mutex<VecDeque<Unchecked>>,
     /// Their number, read without the lock by every operation.
     unchecked_len: AtomicUsize,
+    /// The mailbox's [`changes`](hcomm_core::Mailbox::changes) when `late_error` last
+    /// found the oldest of them still waiting ([`LOOK`] after the oldest changed):
+    /// nothing can have arrived for it while the mailbox reads the same.
+    late_seen: AtomicU64,
 }
+
+/// `Group::late_seen` when `late_error` must look.
+const LOOK: u64 = u64::MAX;
 
 /// The argument check of a finished operation: the receive of the previous rank's
 /// signature message (or its key, if none was posted), and what to compare it with.
@@ -100,8 +109,10 @@ impl Check {
 /// The last selections of one collective, by message size and float-ness, in a few
 /// slots picked by size: the selection (the cost model, with its `log2`s, over every
 /// candidate and link level) took about 9% of a 2-rank 8-byte allreduce's time in
-/// one process, and applications repeat their sizes. Emptied whenever the tuning or
-/// the layout changes. Each slot packs `bytes << 8 | float << 7 | 1 << 6 | code`.
+/// one process, and about 1% of a 2-rank 8-byte broadcast's root (before it was
+/// kept for the other collectives too), and applications repeat their sizes. Emptied
+/// whenever the tuning or the layout changes. Each slot packs
+/// `bytes << 8 | float << 7 | 1 << 6 | code`.
 #[derive(Debug, Default)]
 struct ChoiceMemo([AtomicU64; 8]);
 
@@ -126,6 +137,37 @@ impl ChoiceMemo {
 
     fn clear(&self) {
         self.0.iter().for_each(|s| s.store(0, Ordering::Relaxed));
+    }
+
+    /// The memorized choice for `bytes`, or `choose`'s (memorized). `all` lists the
+    /// algorithms, to turn a code back into one.
+    fn get_or<A: Copy + Into<u8>>(&self, all: &[A], bytes: usize, float: bool, choose: impl FnOnce() -> A) -> A {
+        if let Some(code) = self.get(bytes, float)
+            && let Some(&a) = all.iter().find(|a| (**a).into() == code)
+        {
+            return a;
+        }
+        let a = choose();
+        self.put(bytes, float, a.into());
+        a
+    }
+}
+
+/// One [`ChoiceMemo`] per collective whose algorithm is selected.
+#[derive(Debug, Default)]
+struct Memos {
+    allreduce: ChoiceMemo,
+    broadcast: ChoiceMemo,
+    allgather: ChoiceMemo,
+    reduce_scatter: ChoiceMemo,
+    alltoall: ChoiceMemo,
+}
+
+impl Memos {
+    fn clear(&self) {
+        for m in [&self.allreduce, &self.broadcast, &self.allgather, &self.reduce_scatter, &self.alltoall] {
+            m.clear();
+        }
     }
 }
 
@@ -167,9 +209,10 @@ impl<T: LocalTransport> Group<T> {
             timeout,
             stall_warn: Some(DEFAULT_STALL_WARN),
             tuning,
-            allreduce_memo: ChoiceMemo::default(),
+            memo: Memos::default(),
             unchecked: Mutex::new(VecDeque::new()),
             unchecked_len: AtomicUsize::new(0),
+            late_seen: AtomicU64::new(LOOK),
         };
         g.lay_out();
         g
@@ -178,7 +221,7 @@ impl<T: LocalTransport> Group<T> {
     /// Derives the ring, the hierarchical plan and the layout from the topology and
     /// the tuning's `topology_aware`.
     fn lay_out(&mut self) {
-        self.allreduce_memo.clear();
+        self.memo.clear();
         let n = self.size();
         let ring: Vec<usize> = if self.tuning.topology_aware { self.topology.ring_order() } else { (0..n).collect() };
         if self.tuning.topology_aware {
@@ -227,17 +270,38 @@ impl<T: LocalTransport> Group<T> {
 
     /// The allreduce algorithm for `bytes` (see [`Tuning::allreduce_algo_on`]).
     pub fn allreduce_algo(&self, bytes: usize, float: bool, asked: Option<AllreduceAlgo>) -> AllreduceAlgo {
+        let choose = || self.tuning.allreduce_algo_on(&self.layout, self.size(), bytes, float, asked);
         if asked.is_some() {
-            return self.tuning.allreduce_algo_on(&self.layout, self.size(), bytes, float, asked);
+            return choose();
         }
-        if let Some(code) = self.allreduce_memo.get(bytes, float)
-            && let Some(&a) = AllreduceAlgo::ALL.iter().find(|a| **a as u8 == code)
-        {
-            return a;
-        }
-        let a = self.tuning.allreduce_algo_on(&self.layout, self.size(), bytes, float, None);
-        self.allreduce_memo.put(bytes, float, a as u8);
-        a
+        self.memo.allreduce.get_or(&AllreduceAlgo::ALL, bytes, float, choose)
+    }
+
+    /// The broadcast algorithm for `bytes` (see [`Tuning::bcast_algo`]).
+    pub fn bcast_algo(&self, bytes: usize) -> BcastAlgo {
+        self.memo.broadcast.get_or(&BcastAlgo::ALL, bytes, false, || self.tuning.bcast_algo(self.size(), bytes, None))
+    }
+
+    /// The allgather algorithm for `bytes` per rank (see [`Tuning::allgather_algo`]).
+    pub fn allgather_algo(&self, bytes: usize) -> AllgatherAlgo {
+        self.memo
+            .allgather
+            .get_or(&AllgatherAlgo::ALL, bytes, false, || self.tuning.allgather_algo(self.size(), bytes, None))
+    }
+
+    /// The reduce-scatter algorithm for blocks of `bytes` (see
+    /// [`Tuning::reduce_scatter_algo`]).
+    pub fn reduce_scatter_algo(&self, bytes: usize) -> ReduceScatterAlgo {
+        self.memo
+            .reduce_scatter
+            .get_or(&ReduceScatterAlgo::ALL, bytes, false, || self.tuning.reduce_scatter_algo(self.size(), bytes, None))
+    }
+
+    /// The alltoall algorithm for blocks of `bytes` (see [`Tuning::alltoall_algo`]).
+    pub fn alltoall_algo(&self, bytes: usize) -> AlltoallAlgo {
+        self.memo
+            .alltoall
+            .get_or(&AlltoallAlgo::ALL, bytes, false, || self.tuning.alltoall_algo(self.size(), bytes, None))
     }
 
     /// The group of `members` (group ranks of `self`, in the new rank order) with
@@ -304,7 +368,7 @@ impl<T: LocalTransport> Group<T> {
     }
 
     pub fn set_tuning(&mut self, tuning: Tuning) {
-        self.allreduce_memo.clear();
+        self.memo.clear();
         let relay = tuning.topology_aware != self.tuning.topology_aware;
         self.tuning = tuning;
         if relay {
@@ -406,7 +470,12 @@ impl<T: LocalTransport> Group<T> {
     /// Keeps the argument check of operation `seq` (signature `sig`), which
     /// returned before group rank `from`'s signature arrived, for later.
     pub(crate) fn defer_check(&self, seq: u64, sig: Signature, from: usize, frame: Check) {
-        self.unchecked.lock().push_back(Unchecked { seq, sig, from, frame });
+        let mut q = self.unchecked.lock();
+        if q.is_empty() {
+            // A new oldest, whose message may be in already.
+            self.late_seen.store(LOOK, Ordering::Relaxed);
+        }
+        q.push_back(Unchecked { seq, sig, from, frame });
         self.unchecked_len.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -419,19 +488,31 @@ impl<T: LocalTransport> Group<T> {
         if self.unchecked_len.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        let mailbox = self.transport.mailbox();
+        let changes = mailbox.changes();
+        if self.late_seen.load(Ordering::Relaxed) == changes {
+            return None;
+        }
         let mut found = None;
         let mut q = self.unchecked.lock();
         // Oldest first, up to the first still waiting: checks arrive about in the
         // order of their operations, and every collective asks.
         while let Some(c) = q.front_mut() {
-            let Some(got) = c.frame.try_take(self.transport.mailbox()) else { break };
+            let Some(got) = c.frame.try_take(mailbox) else { break };
             let c = q.pop_front().expect("looked at above");
             if let Some(e) = self.judge(c.seq, &c.sig, c.from, got) {
                 found.get_or_insert(e);
             }
         }
         self.unchecked_len.store(q.len(), Ordering::Relaxed);
+        // Under the lock, so that a `defer_check` of a new oldest is not overwritten.
+        self.late_seen.store(if q.is_empty() { LOOK } else { changes }, Ordering::Relaxed);
         found
+    }
+
+    /// Whether more than `keep` finished operations wait for their argument check.
+    pub(crate) fn checks_over(&self, keep: usize) -> bool {
+        self.unchecked_len.load(Ordering::Relaxed) > keep
     }
 
     /// Waits until at most `keep` finished operations wait for their argument check
@@ -442,7 +523,12 @@ impl<T: LocalTransport> Group<T> {
     /// A mismatch found by a check, as an error of the operation it belongs to.
     pub async fn settle_checks(&self, keep: usize) -> Result<()> {
         while self.unchecked_len.load(Ordering::Relaxed) > keep {
-            let Some(c) = self.unchecked.lock().pop_front() else { break };
+            let popped = {
+                let mut q = self.unchecked.lock();
+                self.late_seen.store(LOOK, Ordering::Relaxed);
+                q.pop_front()
+            };
+            let Some(c) = popped else { break };
             self.unchecked_len.fetch_sub(1, Ordering::Relaxed);
             let Unchecked { seq, sig, from, frame } = c;
             let got = frame.wait(self.transport.mailbox()).await;
@@ -545,8 +631,10 @@ pub struct OpCtx<'g, T: LocalTransport> {
     g: &'g Group<T>,
     seq: u64,
     sig: Signature,
-    start: Instant,
-    deadline: Instant,
+    /// When the operation started: at `begin` if its event is listened to, else when
+    /// it first had to wait (an operation done in its first poll, as a broadcast's
+    /// root, never reads the clock).
+    start: OnceLock<Instant>,
     waiting: Mutex<BTreeMap<usize, usize>>,
     /// Bytes this rank sent and received in the operation.
     moved: AtomicU64,
@@ -555,13 +643,15 @@ pub struct OpCtx<'g, T: LocalTransport> {
 
 impl<'g, T: LocalTransport> OpCtx<'g, T> {
     fn new(g: &'g Group<T>, seq: u64, sig: Signature) -> OpCtx<'g, T> {
-        let start = Instant::now();
+        let start = OnceLock::new();
+        if events::op_listened() {
+            let _ = start.set(Instant::now());
+        }
         OpCtx {
             g,
             seq,
             sig,
             start,
-            deadline: start + g.timeout,
             waiting: Mutex::new(BTreeMap::new()),
             moved: AtomicU64::new(0),
             done: AtomicBool::new(false),
@@ -570,6 +660,11 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
 
     pub fn group(&self) -> &'g Group<T> {
         self.g
+    }
+
+    /// When the operation started (see the field), read from the clock now if not yet.
+    fn started(&self) -> Instant {
+        *self.start.get_or_init(Instant::now)
     }
 
     pub fn seq(&self) -> u64 {
@@ -769,19 +864,39 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
             return Err(e);
         }
         let mut body = std::pin::pin!(body);
+        // The timer is made when the body first waits: an operation done in its first
+        // poll (a broadcast's root, a send handed to the socket) needs none, and
+        // making one (the clock, the runtime's handle, the timer entry) cost such a
+        // root about 3% of its time per operation. It is armed for the next stall
+        // report (`warning`) or else for the deadline.
+        let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
         let mut warn_after = self.g.stall_warn;
-        loop {
-            let warn_at = warn_after.map(|d| self.start + d).filter(|&t| t < self.deadline);
-            match tokio::time::timeout_at(warn_at.unwrap_or(self.deadline), &mut body).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => return Err(self.with_waiting(e)),
-                Err(_) if warn_at.is_some() => {
-                    self.report_stall();
-                    warn_after = warn_after.map(|d| d * 2);
-                }
-                Err(_) => return Err(self.timeout_error()),
+        let mut warning = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = body.as_mut().poll(cx) {
+                return Poll::Ready(r.map_err(|e| self.with_waiting(e)));
             }
-        }
+            loop {
+                if timer.is_none() {
+                    let start = self.started();
+                    let deadline = start + self.g.timeout;
+                    let warn_at = warn_after.map(|d| start + d).filter(|&t| t < deadline);
+                    warning = warn_at.is_some();
+                    timer.set(Some(tokio::time::sleep_until(warn_at.unwrap_or(deadline))));
+                }
+                let armed = timer.as_mut().as_pin_mut().expect("armed above");
+                if armed.poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                if !warning {
+                    return Poll::Ready(Err(self.timeout_error()));
+                }
+                self.report_stall();
+                warn_after = warn_after.map(|d| d * 2);
+                timer.set(None);
+            }
+        })
+        .await
     }
 
     /// What this operation waits for, as the stall report and the timeout error say
@@ -798,7 +913,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// Logs the stall as a `tracing` warning (target `hcomm::stall`); to standard
     /// error when no `tracing` subscriber is installed, so that it is never lost.
     fn report_stall(&self) {
-        let waited = self.start.elapsed().as_secs_f64();
+        let waited = self.started().elapsed().as_secs_f64();
         let what = self.stall_report();
         let rank = self.g.me;
         if tracing::dispatcher::has_been_set() {
@@ -842,6 +957,9 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
 
     /// Emits the operation's event (see `hcomm_core::events`).
     fn report_done(&self, ok: bool) {
+        if !events::op_listened() {
+            return;
+        }
         let s = &self.sig;
         let bytes = match (s.op, s.dtype) {
             (
@@ -857,7 +975,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
             seq: self.seq,
             algo: crate::algo_name(s.op, s.algo),
             bytes,
-            elapsed: self.start.elapsed(),
+            elapsed: self.started().elapsed(),
             peer: None,
             ok,
         });

@@ -57,7 +57,7 @@ pub async fn broadcast<T: LocalTransport, E: Element>(
             BcastAlgo::ScatterAllgather => Box::pin(bcast_scatter_allgather(&ctx, buf, root)).await,
         }
     };
-    let r = ctx.deadline(agreed(&ctx, body)).await;
+    let r = ctx.deadline(std::pin::pin!(agreed(&ctx, body))).await;
     ctx.finish(r)
 }
 
@@ -173,7 +173,7 @@ pub async fn reduce<T: LocalTransport, E: Element>(
         }
         Ok(())
     };
-    let r = ctx.deadline(agreed(&ctx, body)).await;
+    let r = ctx.deadline(std::pin::pin!(agreed(&ctx, body))).await;
     ctx.finish(r)
 }
 
@@ -236,7 +236,7 @@ pub async fn gatherv<T: LocalTransport, E: Element>(
             .await?;
         Ok(())
     };
-    let r = ctx.deadline(agreed(&ctx, body)).await;
+    let r = ctx.deadline(std::pin::pin!(agreed(&ctx, body))).await;
     ctx.finish(r)
 }
 
@@ -268,7 +268,7 @@ pub async fn scatterv<T: LocalTransport, E: Element>(
         try_join_all((0..n).filter(|&g| g != me).map(|g| ctx.send_slice(g, 0, &send[off[g]..off[g + 1]]))).await?;
         Ok(())
     };
-    let r = ctx.deadline(agreed(&ctx, body)).await;
+    let r = ctx.deadline(std::pin::pin!(agreed(&ctx, body))).await;
     ctx.finish(r)
 }
 

@@ -71,6 +71,6 @@ pub async fn scan<T: LocalTransport, E: Element>(
         }
         Ok(())
     };
-    let r = ctx.deadline(agreed(&ctx, body)).await;
+    let r = ctx.deadline(std::pin::pin!(agreed(&ctx, body))).await;
     ctx.finish(r)
 }

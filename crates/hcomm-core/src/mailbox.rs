@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -254,6 +254,8 @@ pub struct Mailbox {
     any_peer_failed: AtomicBool,
     /// Set by a transport whose links a receive can poll itself (shared memory).
     progress: OnceLock<Arc<Progress>>,
+    /// Counts the changes that can give a receive its outcome: see [`Mailbox::changes`].
+    changes: AtomicU64,
 }
 
 impl std::fmt::Debug for Progress {
@@ -556,6 +558,7 @@ impl Mailbox {
             any_comm_aborted: AtomicBool::new(false),
             any_peer_failed: AtomicBool::new(false),
             progress: OnceLock::new(),
+            changes: AtomicU64::new(0),
         }
     }
 
@@ -610,6 +613,7 @@ impl Mailbox {
         let key = MatchKey::of(&frame.header);
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
+        self.changed();
         let Some(frame) = Self::to_waiter(inner, key, frame) else { return };
         match inner.slots.entry(key).or_insert_with(|| Slot::Arrived(Fifo::Empty)) {
             Slot::Arrived(q) => q.push_back(frame),
@@ -623,7 +627,26 @@ impl Mailbox {
     /// dropped (`None`).
     pub fn deliver_waiting(&self, frame: Frame) -> Option<Frame> {
         let key = MatchKey::of(&frame.header);
-        Self::to_waiter(&mut self.inner.lock(), key, frame)
+        let back = Self::to_waiter(&mut self.inner.lock(), key, frame);
+        if back.is_none() {
+            self.changed();
+        }
+        back
+    }
+
+    /// A number that changes (under the lock, before the change) whenever a frame
+    /// arrives or a failure or abort is recorded: whatever can give a receive its
+    /// outcome. A caller that looked for outcomes ([`Mailbox::take_now`],
+    /// `RecvFrame::try_take`) after reading it need not look again while it reads
+    /// the same: the collectives' deferred argument checks look once per operation
+    /// otherwise, which took a broadcast's root the mailbox lock and a lookup each
+    /// time for messages that come once a millisecond.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The frame back if no live receive waits for `key` (`None`: taken, or dropped
@@ -780,6 +803,7 @@ impl Mailbox {
         if inner.failed_peers.contains_key(&peer) {
             return;
         }
+        self.changed();
         inner.failed_peers.insert(peer, err.clone());
         self.any_peer_failed.store(true, Ordering::Release);
         Self::fail_waiters(&mut inner, |k| k.src == peer, &err);
@@ -793,6 +817,7 @@ impl Mailbox {
         if inner.aborted.contains_key(&(comm, seq)) {
             return false;
         }
+        self.changed();
         inner.aborted.insert((comm, seq), err.clone());
         inner.slots.retain(|k, s| !(k.comm == comm && k.seq == seq && matches!(s, Slot::Arrived(_))));
         Self::fail_waiters(&mut inner, |k| k.comm == comm && k.seq == seq, &err);
@@ -807,6 +832,7 @@ impl Mailbox {
         if inner.aborted_comms.contains_key(&comm) {
             return false;
         }
+        self.changed();
         inner.aborted_comms.insert(comm, err.clone());
         self.any_comm_aborted.store(true, Ordering::Release);
         inner.slots.retain(|k, s| !(k.comm == comm && matches!(s, Slot::Arrived(_))));
@@ -839,6 +865,7 @@ impl Mailbox {
     /// Fails everything, now and later, with `err`.
     pub fn close(&self, err: Error) {
         let mut inner = self.inner.lock();
+        self.changed();
         if inner.closed.is_none() {
             inner.closed = Some(err.clone());
         }
@@ -973,6 +1000,39 @@ mod tests {
         // Frames of an aborted operation are dropped.
         m.deliver(frame(1, 3, 2, 0));
         assert_eq!(m.pending(), 0);
+    }
+
+    /// `changes` moves with every arrival, failure and abort (what can end a
+    /// receive), and not with posting a receive or looking for a message.
+    #[test]
+    fn changes_count_what_can_end_a_receive_and_not_the_looks() {
+        let m = Mailbox::new(0);
+        let mut last = m.changes();
+        let mut changed = |m: &Mailbox, what: &str| {
+            let now = m.changes();
+            assert_ne!(now, last, "{what} did not change the count");
+            last = now;
+            now
+        };
+        m.deliver(frame(1, 0, 5, 1));
+        let seen = changed(&m, "an unexpected frame");
+        let mut waiting = m.recv_frame(key(1, 1, 5));
+        assert_eq!(m.changes(), seen, "posting a receive changed the count");
+        assert!(waiting.try_take().is_none());
+        m.deliver(frame(1, 1, 5, 2));
+        let seen = changed(&m, "a frame for a waiting receive");
+        assert_eq!(waiting.try_take().unwrap().unwrap().payload[0], 2);
+        assert!(m.take_now(&key(1, 0, 5)).is_some());
+        assert!(m.take_now(&key(1, 0, 5)).is_none());
+        assert_eq!(m.changes(), seen, "looking changed the count");
+        m.abort_op(7, 3, Error::new(ErrorKind::Aborted, "x"));
+        changed(&m, "an aborted operation");
+        m.abort_comm(8, Error::new(ErrorKind::Aborted, "x"));
+        changed(&m, "an aborted communicator");
+        m.fail_peer(2, Error::new(ErrorKind::PeerFailed, "gone"));
+        changed(&m, "a failed peer");
+        m.close(Error::new(ErrorKind::Closed, "closed"));
+        changed(&m, "closing");
     }
 
     /// `take_now` takes an arrived message without posting a receive, in order,

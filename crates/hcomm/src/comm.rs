@@ -508,7 +508,7 @@ impl<T: LocalTransport> Communicator<T> {
         send: &'a [E],
         recv: &'a mut [E],
     ) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.tuning().allgather_algo(self.size(), std::mem::size_of_val(send), None);
+        let algo = self.group.allgather_algo(std::mem::size_of_val(send));
         self.all_gather_with(send, recv, algo)
     }
 
@@ -871,7 +871,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Cancel safety
     /// See the impl block.
     pub fn broadcast<'a, E: Element>(&'a self, buf: &'a mut [E], root: usize) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.tuning().bcast_algo(self.size(), std::mem::size_of_val(buf), None);
+        let algo = self.group.bcast_algo(std::mem::size_of_val(buf));
         self.broadcast_with(buf, root, algo)
     }
 
@@ -1010,7 +1010,7 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         op: ReduceOp,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.tuning().reduce_scatter_algo(self.size(), std::mem::size_of_val(recv), None);
+        let algo = self.group.reduce_scatter_algo(std::mem::size_of_val(recv));
         self.reduce_scatter_with(send, recv, op, algo)
     }
 
@@ -1050,7 +1050,7 @@ impl<T: LocalTransport> Communicator<T> {
         counts: &'a [usize],
         op: ReduceOp,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.tuning().reduce_scatter_algo(self.size(), mean_bytes::<E>(counts), None);
+        let algo = self.group.reduce_scatter_algo(mean_bytes::<E>(counts));
         self.reduce_scatter_v_with(send, recv, counts, op, algo)
     }
 
@@ -1092,7 +1092,7 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
     ) -> impl Future<Output = Result<()>> + 'a {
         let block_bytes = std::mem::size_of_val(send) / self.size();
-        let algo = self.group.tuning().alltoall_algo(self.size(), block_bytes, None);
+        let algo = self.group.alltoall_algo(block_bytes);
         self.all_to_all_with(send, recv, algo)
     }
 
@@ -1187,7 +1187,7 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         counts: &'a [usize],
     ) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.tuning().allgather_algo(self.size(), mean_bytes::<E>(counts), None);
+        let algo = self.group.allgather_algo(mean_bytes::<E>(counts));
         self.all_gather_v_with(send, recv, counts, algo)
     }
 
