@@ -225,8 +225,9 @@ pub(crate) struct Links {
     /// writer, and while a sending task writes to the socket directly
     /// ([`StreamOptions::tcp_direct`]), which it does only when `unwritten` is zero:
     /// so a direct write never interleaves with the writer task's bytes, and a
-    /// message queued before it never goes after it.
-    pub(crate) wire: Vec<Mutex<()>>,
+    /// message queued before it never goes after it. The vector is a direct write's
+    /// scratch space (the lazy frames it takes along).
+    pub(crate) wire: Vec<Mutex<Vec<u8>>>,
     /// Per peer: small frames posted lazily ([`Transport::post_lazy`]), each with
     /// its `src` set, to go out with the next write to that peer (the writer task's,
     /// or a direct one) or after [`LAZY_DELAY`].
@@ -269,7 +270,7 @@ impl Links {
             epoch: coarse_ms(),
             heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
             unwritten: (0..size).map(|_| std::sync::atomic::AtomicUsize::new(0)).collect(),
-            wire: (0..size).map(|_| Mutex::new(())).collect(),
+            wire: (0..size).map(|_| Mutex::new(Vec::new())).collect(),
             lazy: (0..size).map(|_| Mutex::new(Vec::new())).collect(),
             lazy_posted: (0..size).map(|_| tokio::sync::Notify::new()).collect(),
             tasks: Mutex::new(vec![PeerTasks::default(); size]),
@@ -293,6 +294,18 @@ impl Links {
     /// The frames posted lazily to `peer` so far, taken to be written.
     fn take_lazy(&self, peer: Rank) -> Vec<(Header, Bytes)> {
         std::mem::take(&mut *self.lazy[peer].lock())
+    }
+
+    /// Appends the frames posted lazily to `peer` to `out`, each encoded whole (see
+    /// [`make_whole`]), and empties their list, which keeps its memory (as `out`, the
+    /// wire lock's buffer, does: a broadcast's root paid two allocations per
+    /// operation for its argument check's frame).
+    fn encode_lazy(&self, peer: Rank, out: &mut Vec<u8>) {
+        for (mut h, payload) in self.lazy[peer].lock().drain(..) {
+            make_whole(&mut h, payload.len());
+            out.extend_from_slice(&h.encode());
+            out.extend_from_slice(&payload);
+        }
     }
 
     /// How long nothing has been read from `peer`.
@@ -531,16 +544,6 @@ fn make_whole(h: &mut Header, len: usize) {
 
 /// `frames` (their `src` set) as whole frames, one after the other, as a direct
 /// write sends them.
-fn whole_frames(frames: Vec<(Header, Bytes)>) -> BytesMut {
-    let mut out = BytesMut::new();
-    for (mut h, payload) in frames {
-        make_whole(&mut h, payload.len());
-        out.extend_from_slice(&h.encode());
-        out.extend_from_slice(&payload);
-    }
-    out
-}
-
 fn fail_queue(q: &mut WriteQueue, rx: &mut mpsc::UnboundedReceiver<Outgoing>, err: &Error) {
     q.fail_all(err);
     rx.close();
@@ -807,13 +810,13 @@ impl StreamTransport {
         if len > self.tcp_direct_max || self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 {
             return None;
         }
-        let _wire = self.shared.wire[peer].try_lock()?;
+        let mut wire = self.shared.wire[peer].try_lock()?;
         if self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 || self.mailbox.peer_failure(peer).is_some() {
             return None;
         }
-        let now = self.epoch.elapsed().as_nanos() as u64;
+        // The clock only if the last direct write is not awaited yet (0 once it is).
         let last = self.shared.direct_end[peer].load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < BURST_GAP.as_nanos() as u64 {
+        if last != 0 && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last) < BURST_GAP.as_nanos() as u64 {
             // A burst: the writer task gathers it into few system calls.
             return None;
         }
@@ -822,8 +825,13 @@ impl StreamTransport {
         // lazily to this peer go first, in the same system call.
         make_whole(&mut header, len);
         let head = header.encode();
-        let lazy = whole_frames(self.shared.take_lazy(peer));
-        let parts = [std::io::IoSlice::new(&lazy), std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
+        wire.clear();
+        if wire.capacity() > 64 << 10 {
+            *wire = Vec::new();
+        }
+        self.shared.encode_lazy(peer, &mut wire);
+        let lazy = &wire[..];
+        let parts = [std::io::IoSlice::new(lazy), std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
         let stream: &tokio::net::TcpStream = inbox.half.as_ref();
         self.shared.sent[peer].store(true, Ordering::Relaxed);
         let n = stream.try_write_vectored(&parts);
@@ -841,7 +849,7 @@ impl StreamTransport {
         };
         let mut rest = BytesMut::with_capacity(total - n);
         let mut skip = n;
-        for part in [&lazy[..], &head[..], data] {
+        for part in [lazy, &head[..], data] {
             let from = skip.min(part.len());
             rest.extend_from_slice(&part[from..]);
             skip -= from;
