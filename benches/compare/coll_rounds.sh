@@ -3,7 +3,7 @@
 # oversubscribe the cores above 2): each round runs OpenMPI over
 # TCP (`--mca btl self,tcp --mca mpi_yield_when_idle 1`, benches/compare/mpi_coll.c),
 # then each given hcomm-bench binary over tcp, over the same sizes, and prints one
-# Markdown table: per size, the median time of each, the median of each binary's
+# Markdown table (after the floor of one small message, `msg_ceiling.c`): per size, the median time of each, the median of each binary's
 # per-round ratio to OpenMPI, and (with two binaries) the median per-round ratio of the
 # second to the first. On this shared VM speeds move over minutes, so only ratios taken
 # in the same round compare.
@@ -37,6 +37,10 @@ for r in $(seq 1 "$rounds"); do
         "$bin" --ranks "$ranks" --transport tcp --ops "$ops" --min "$min" --max "$max" --no-progress 2>&1 | grep -v '^#' >$out/hcomm$b-$r.txt
     done
 done
+# The floor of small messages: one writev per message, back to back, to a reader that
+# polls (as the peers' leaves do) and to one that sleeps (benches/compare/msg_ceiling.c).
+cc -O2 -o target/compare/msg_ceiling benches/compare/msg_ceiling.c
+target/compare/msg_ceiling 8 300000 80 | sed 's/^/floor of one writev per message, /'
 echo "ranks: $ranks (processes); TCP congestion control: $(cat /proc/sys/net/ipv4/tcp_congestion_control) (system default)"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r); $(date -u +%F)"
 python3 - "$out" "$rounds" "$#" <<'PY'
