@@ -40,7 +40,7 @@ done
 # The floor of small messages: one writev per message, back to back, to a reader that
 # polls (as the peers' leaves do) and to one that sleeps (benches/compare/msg_ceiling.c).
 cc -O2 -o target/compare/msg_ceiling benches/compare/msg_ceiling.c
-target/compare/msg_ceiling 8 300000 80 | sed 's/^/floor of one writev per message, /'
+target/compare/msg_ceiling 8 300000 80 polls,sleeps | sed 's/^/floor of one writev per message, /'
 echo "ranks: $ranks (processes); TCP congestion control: $(cat /proc/sys/net/ipv4/tcp_congestion_control) (system default)"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r); $(date -u +%F)"
 python3 - "$out" "$rounds" "$#" <<'PY'
