@@ -857,6 +857,12 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// operation's deadline; pass the result to [`OpCtx::finish`]. While it waits
     /// past the group's stall threshold (and again at twice, four times … that), it
     /// reports the stall: see [`OpCtx::stall_report`].
+    ///
+    /// A large body is better passed pinned where it is made (`pin!(body)`): an
+    /// `async fn` keeps its arguments twice (as captured and as the locals they move
+    /// to), and the operation's future, copied as it is returned and awaited, grows
+    /// by as much (the rooted collectives' checked body: 3 KiB against 1 with it
+    /// pinned, and 6% of a 2-rank broadcast root's time in copies).
     pub async fn deadline<R>(&self, body: impl Future<Output = Result<R>>) -> Result<R> {
         // A mismatch an earlier operation's deferred argument check found fails this
         // one (see `ArgCheck::Deferred`).

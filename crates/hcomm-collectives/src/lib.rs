@@ -246,9 +246,10 @@ async fn checked_later<T: LocalTransport, R>(
     use std::task::Poll;
     let g = ctx.group();
     if g.checks_over(MAX_UNCHECKED - 1) {
-        // Rare, and on the heap: its future took 1 KiB of this one's 1.4 (see
-        // `OpCtx::deadline` for why the size matters). (`OpCtx::deadline` has asked
-        // `late_error` just before, which `settle_checks` would ask again.)
+        // Rare, and on the heap: its future took 1 KiB of this one's 1.4, which every
+        // operation's future carried and copied (see `OpCtx::deadline`).
+        // (`OpCtx::deadline` has asked `late_error` just before, which
+        // `settle_checks` would ask again.)
         Box::pin(g.settle_checks(MAX_UNCHECKED - 1)).await?;
     }
     let (me, n) = (ctx.rank(), ctx.size());

@@ -542,8 +542,6 @@ fn make_whole(h: &mut Header, len: usize) {
     h.frag_len = len as u32;
 }
 
-/// `frames` (their `src` set) as whole frames, one after the other, as a direct
-/// write sends them.
 fn fail_queue(q: &mut WriteQueue, rx: &mut mpsc::UnboundedReceiver<Outgoing>, err: &Error) {
     q.fail_all(err);
     rx.close();
