@@ -316,6 +316,41 @@ impl CostModel {
         cheapest(&BcastAlgo::ALL, |a| self.bcast_time(a, n, bytes))
     }
 
+    /// The sum of every transfer of a broadcast of `bytes` by `algo` over `n` ranks
+    /// (each `alpha` plus its bytes times `beta`): its time where transfers cannot run
+    /// at the same time.
+    pub fn bcast_work(&self, algo: BcastAlgo, n: usize, bytes: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let (a, b, s, nf) = (self.alpha, self.beta, bytes as f64, n as f64);
+        match algo {
+            BcastAlgo::Binomial => (nf - 1.0) * (a + s * b),
+            BcastAlgo::Chain => {
+                let pieces = (bytes.div_ceil(BCAST_CHAIN_CHUNK_BYTES)).max(1) as f64;
+                (nf - 1.0) * (pieces * a + s * b)
+            }
+            // The root's n-1 blocks, then n-1 blocks from each rank.
+            BcastAlgo::ScatterAllgather => (nf - 1.0) * (nf + 1.0) * (a + s / nf * b),
+        }
+    }
+
+    /// [`CostModel::choose_bcast`] for `n` ranks that share one host of `processors`
+    /// processors, fewer than the ranks (`None`: not so). A transfer between two ranks
+    /// of one host keeps two processors busy (the sender's copy into the kernel, the
+    /// receiver's out of it), so at most half the processors' worth run at once, and
+    /// an algorithm takes at least its [`work`](CostModel::bcast_work) divided by
+    /// that. What the chain's pipeline and scatter-allgather's spread gain is
+    /// transfers at the same time: on 4 ranks sharing 2 processors the binomial tree,
+    /// whose transfers are the fewest, took 0.67-0.84x the chain's time at 1-16 MiB
+    /// (medians of four alternated runs),
+    /// where the model without this chose the chain (BENCHMARKS.md).
+    pub fn choose_bcast_on(&self, n: usize, bytes: usize, processors: Option<usize>) -> BcastAlgo {
+        let Some(p) = processors.filter(|&p| p < n) else { return self.choose_bcast(n, bytes) };
+        let at_once = (p / 2).max(1) as f64;
+        cheapest(&BcastAlgo::ALL, |a| self.bcast_time(a, n, bytes).max(self.bcast_work(a, n, bytes) / at_once))
+    }
+
     /// Predicted time of an allgather of `bytes` per rank by `algo` over `n` ranks.
     pub fn allgather_time(&self, algo: AllgatherAlgo, n: usize, bytes: usize) -> f64 {
         if n <= 1 {
@@ -523,6 +558,12 @@ pub struct Tuning {
     /// How rooted collectives and scans check that every rank called them with the
     /// same arguments (`HCOMM_CHECK_ARGS`; see [`ArgCheck`]). Default: deferred.
     pub check_args: ArgCheck,
+    /// The processors of the one host every rank of the group runs on, when the ranks
+    /// outnumber them (`None` otherwise, and where the ranks are on several hosts):
+    /// the broadcast's cost model then counts every transfer
+    /// ([`CostModel::choose_bcast_on`]). Set at `init` from the operating system's
+    /// count of online processors, which every rank of one host reads alike.
+    pub crowded: Option<usize>,
 }
 
 impl Tuning {
@@ -539,6 +580,7 @@ impl Tuning {
             measured: Measured::default(),
             topology_aware: true,
             check_args: ArgCheck::Deferred,
+            crowded: None,
         }
     }
 
@@ -633,7 +675,9 @@ impl Tuning {
     /// The broadcast algorithm for `bytes` over `n` ranks: asked, forced, measured, or
     /// cheapest by the cost model (so for every family below).
     pub fn bcast_algo(&self, n: usize, bytes: usize, asked: Option<BcastAlgo>) -> BcastAlgo {
-        self.choose(asked.or(self.broadcast), &self.measured.broadcast, n, bytes, || self.cost.choose_bcast(n, bytes))
+        self.choose(asked.or(self.broadcast), &self.measured.broadcast, n, bytes, || {
+            self.cost.choose_bcast_on(n, bytes, self.crowded)
+        })
     }
 
     /// The alltoall algorithm for blocks of `bytes` over `n` ranks.
@@ -1105,6 +1149,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_crowded_host_counts_every_transfer_of_a_broadcast() {
+        let tcp = CostModel::for_transport("tcp");
+        // Spread out, the chain's pipeline wins from 1 MiB on 4 ranks.
+        assert_eq!(tcp.choose_bcast(4, 1 << 20), BcastAlgo::Chain);
+        assert_eq!(tcp.choose_bcast_on(4, 1 << 20, None), BcastAlgo::Chain);
+        // 4 ranks on 2 processors: one transfer at a time, and the tree's are fewest.
+        for bytes in [8, 64 << 10, 1 << 20, 16 << 20, 256 << 20] {
+            assert_eq!(tcp.choose_bcast_on(4, bytes, Some(2)), BcastAlgo::Binomial, "{bytes}");
+        }
+        // As many processors as ranks: not crowded.
+        assert_eq!(tcp.choose_bcast_on(4, 1 << 20, Some(4)), BcastAlgo::Chain);
+        // The work: every algorithm moves the message to each of the n-1 others at
+        // least once; the chain in more messages, scatter-allgather in more bytes.
+        let (w, t) = (|a| tcp.bcast_work(a, 4, 1 << 20), |a| tcp.bcast_time(a, 4, 1 << 20));
+        assert!(w(BcastAlgo::Binomial) < w(BcastAlgo::Chain) && w(BcastAlgo::Chain) < w(BcastAlgo::ScatterAllgather));
+        for a in BcastAlgo::ALL {
+            assert!(w(a) >= t(a) * 0.999, "{a:?}: work {} below the time {}", w(a), t(a));
+            assert_eq!(tcp.bcast_work(a, 1, 1 << 20), 0.0);
+        }
+        // The tuning carries it to the choice.
+        let mut tuning = Tuning::for_transport("tcp");
+        assert_eq!(tuning.bcast_algo(4, 1 << 20, None), BcastAlgo::Chain);
+        tuning.crowded = Some(2);
+        assert_eq!(tuning.bcast_algo(4, 1 << 20, None), BcastAlgo::Binomial);
+        assert_eq!(tuning.bcast_algo(4, 1 << 20, Some(BcastAlgo::Chain)), BcastAlgo::Chain);
     }
 
     #[test]

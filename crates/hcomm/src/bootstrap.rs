@@ -149,6 +149,35 @@ pub fn local_placement() -> Result<Placement> {
 }
 
 /// The host identity of each rank.
+/// The processors of the one host every rank is on (`hosts`), if the ranks outnumber
+/// them ([`Tuning::crowded`]). Ranks spread over several hosts know only their own
+/// host's count, and would not choose alike: `None`.
+fn crowded_host(hosts: &[String], processors: usize) -> Option<usize> {
+    let first = hosts.first()?;
+    (hosts.iter().all(|h| h == first) && hosts.len() > processors).then_some(processors)
+}
+
+/// This host's online processors (`/sys/devices/system/cpu/online`, a list such as
+/// `0-3,6`), the same for every process on it whatever its affinity; where that file
+/// cannot be read, this process's `available_parallelism`.
+fn online_processors() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| count_cpu_list(s.trim()))
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// The number of processors in a kernel CPU list (`0-3,6` is 5).
+fn count_cpu_list(list: &str) -> Option<usize> {
+    list.split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.trim().parse::<usize>().ok()?.checked_sub(a.trim().parse().ok()?).map(|d| d + 1),
+            None => r.trim().parse::<usize>().ok().map(|_| 1),
+        })
+        .sum()
+}
+
 fn hosts_of(places: &[Placement]) -> Vec<String> {
     places.iter().map(|p| p.host.clone()).collect()
 }
@@ -501,8 +530,13 @@ impl Config {
         if self.tuning_from_env {
             group.set_tuning(Tuning::for_transport(group.transport().name()).with_env(|k| std::env::var(k).ok())?);
         }
+        if let Some(p) = crowded_host(&hosts_of(places), online_processors()) {
+            let mut t = group.tuning().clone();
+            t.crowded = Some(p);
+            group.set_tuning(t);
+        }
         let topo = group.topology();
-        tracing::debug!(rank = self.rank, size = self.size, hosts = topo.host_count(), racks = topo.rack_count(), topology = %topo, "connected");
+        tracing::debug!(rank = self.rank, size = self.size, hosts = topo.host_count(), racks = topo.rack_count(), topology = %topo, crowded = ?group.tuning().crowded, "connected");
         Ok(Communicator::new(group, Arc::new(keep)))
     }
 
@@ -754,6 +788,24 @@ async fn bind_listener(ip: IpAddr, range: Option<(u16, u16)>) -> Result<TcpListe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crowded_host_is_one_host_with_fewer_processors_than_ranks() {
+        let on = |hosts: &[&str]| hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+        assert_eq!(crowded_host(&on(&["a", "a", "a", "a"]), 2), Some(2));
+        assert_eq!(crowded_host(&on(&["a", "a"]), 2), None);
+        assert_eq!(crowded_host(&on(&["a", "a", "a"]), 4), None);
+        // Several hosts: none is judged, as no rank knows another host's processors.
+        assert_eq!(crowded_host(&on(&["a", "a", "a", "b"]), 2), None);
+        assert_eq!(crowded_host(&[], 2), None);
+        assert_eq!(count_cpu_list("0-1"), Some(2));
+        assert_eq!(count_cpu_list("0-3,6,8-9"), Some(7));
+        assert_eq!(count_cpu_list("5"), Some(1));
+        for bad in ["", "x", "3-1", "0-", "0-1,,2"] {
+            assert_eq!(count_cpu_list(bad), None, "{bad:?}");
+        }
+        assert!(online_processors() >= 1);
+    }
 
     #[test]
     fn spins_yield_when_the_host_is_oversubscribed() {
