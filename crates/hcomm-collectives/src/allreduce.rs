@@ -83,6 +83,12 @@ pub struct CostModel {
     /// Links between racks (the spine). `alpha` and `beta` above stand for the links
     /// between hosts of one rack.
     pub spine: LinkCost,
+    /// Processor time of one message where the ranks outnumber the processors
+    /// ([`Tuning::crowded`]): the system calls and wake-ups at its two ends, without
+    /// the wire's latency that `alpha` holds. 3 µs by default: one 8-byte `writev`
+    /// to a polling reader took its writer 2.2-2.9 µs on the 2-processor hosts
+    /// measured (`benches/compare/msg_ceiling.c`).
+    pub msg_work: f64,
 }
 
 /// Latency and inverse bandwidth of one level's links.
@@ -222,7 +228,7 @@ impl CostModel {
             _ => (40e-6, 1.0 / 2e9),
         };
         let same = LinkCost { alpha, beta };
-        CostModel { alpha, beta, gamma: 1.0 / 10e9, host: same, spine: same }
+        CostModel { alpha, beta, gamma: 1.0 / 10e9, host: same, spine: same, msg_work: 3e-6 }
     }
 
     /// The links of `level`.
@@ -317,13 +323,13 @@ impl CostModel {
     }
 
     /// The sum of every transfer of a broadcast of `bytes` by `algo` over `n` ranks
-    /// (each `alpha` plus its bytes times `beta`): its time where transfers cannot run
-    /// at the same time.
+    /// (each [`msg_work`](CostModel::msg_work) plus its bytes times `beta`): its time
+    /// where transfers cannot run at the same time.
     pub fn bcast_work(&self, algo: BcastAlgo, n: usize, bytes: usize) -> f64 {
         if n <= 1 {
             return 0.0;
         }
-        let (a, b, s, nf) = (self.alpha, self.beta, bytes as f64, n as f64);
+        let (a, b, s, nf) = (self.msg_work, self.beta, bytes as f64, n as f64);
         match algo {
             BcastAlgo::Binomial => (nf - 1.0) * (a + s * b),
             BcastAlgo::Chain => {
@@ -347,8 +353,9 @@ impl CostModel {
     /// where the model without this chose the chain (BENCHMARKS.md).
     pub fn choose_bcast_on(&self, n: usize, bytes: usize, processors: Option<usize>) -> BcastAlgo {
         let Some(p) = processors.filter(|&p| p < n) else { return self.choose_bcast(n, bytes) };
-        let at_once = (p / 2).max(1) as f64;
-        cheapest(&BcastAlgo::ALL, |a| self.bcast_time(a, n, bytes).max(self.bcast_work(a, n, bytes) / at_once))
+        cheapest(&BcastAlgo::ALL, |a| {
+            self.bcast_time(a, n, bytes).max(crowded_time(p, self.bcast_work(a, n, bytes), 0.0))
+        })
     }
 
     /// Predicted time of an allgather of `bytes` per rank by `algo` over `n` ranks.
@@ -430,6 +437,69 @@ impl CostModel {
     pub fn choose_allreduce_on(&self, layout: &Layout, n: usize, bytes: usize) -> AllreduceAlgo {
         cheapest(&AllreduceAlgo::candidates(layout), |a| self.allreduce_time_on(layout, a, n, bytes))
     }
+
+    /// The work of an allreduce of `bytes` by `algo` over `n` ranks, summed over the
+    /// ranks: its transfers (each [`msg_work`](CostModel::msg_work) plus its bytes
+    /// times `beta`) and its reductions (bytes times `gamma`), as a pair.
+    pub fn allreduce_work(&self, algo: AllreduceAlgo, n: usize, bytes: usize) -> (f64, f64) {
+        if n <= 1 {
+            return (0.0, 0.0);
+        }
+        let (w, b, g, s, nf) = (self.msg_work, self.beta, self.gamma, bytes as f64, n as f64);
+        let p = pow2_floor(n) as f64;
+        let steps = p.log2();
+        // Ranks beyond a power of two send their buffer to a partner, which reduces
+        // it, and get the result back.
+        let extra = nf - p;
+        let (fold_t, fold_r) = (2.0 * extra * (w + s * b), extra * s * g);
+        match algo {
+            AllreduceAlgo::Ring | AllreduceAlgo::Ordered | AllreduceAlgo::Hierarchical => {
+                let columns =
+                    (bytes.div_ceil(n) as f64 / RING_CHUNK_BYTES as f64).ceil().clamp(1.0, RING_MAX_COLUMNS as f64);
+                (2.0 * nf * (nf - 1.0) * columns * w + 2.0 * (nf - 1.0) * s * b, (nf - 1.0) * s * g)
+            }
+            AllreduceAlgo::RecursiveDoubling => (p * steps * (w + s * b) + fold_t, p * steps * s * g + fold_r),
+            AllreduceAlgo::Rabenseifner => {
+                (2.0 * p * steps * w + 2.0 * (p - 1.0) * s * b + fold_t, (p - 1.0) * s * g + fold_r)
+            }
+            AllreduceAlgo::Tree => (2.0 * (nf - 1.0) * (w + s * b), (nf - 1.0) * s * g),
+        }
+    }
+
+    /// [`CostModel::choose_allreduce_on`] for ranks that share one host of
+    /// `processors` processors, fewer than the ranks (`None`: not so): each
+    /// algorithm takes at least its [`work`](CostModel::allreduce_work) spread over
+    /// the processors (see [`CostModel::choose_bcast_on`]). Recursive doubling, the
+    /// cheapest in time up to 256 KiB on 4 ranks, moves every rank's whole buffer
+    /// `log2 n` times, against `2(n-1)/n` of it for the others: on 4 ranks sharing 2
+    /// processors it took 1.3-1.8x the best algorithm's time at 64-256 KiB; with this
+    /// bound Rabenseifner's takes over from 64 KiB. The tree is left out there: its
+    /// time depends on which ranks share a processor, and changes with it from run
+    /// to run (178-458 µs at 256 KiB in four runs, 322-825 at 512 KiB), while its
+    /// work, the fewest messages, would have the bound choose it (BENCHMARKS.md).
+    pub fn choose_allreduce_crowded(
+        &self,
+        layout: &Layout,
+        n: usize,
+        bytes: usize,
+        processors: Option<usize>,
+    ) -> AllreduceAlgo {
+        let Some(p) = processors.filter(|&p| p < n) else { return self.choose_allreduce_on(layout, n, bytes) };
+        let mut algos = AllreduceAlgo::candidates(layout);
+        algos.retain(|&a| a != AllreduceAlgo::Tree);
+        cheapest(&algos, |a| {
+            let (moved, reduced) = self.allreduce_work(a, n, bytes);
+            self.allreduce_time_on(layout, a, n, bytes).max(crowded_time(p, moved, reduced))
+        })
+    }
+}
+
+/// The least time of transfers and reductions of `moved` and `reduced` seconds of
+/// work in all on `processors` processors: a transfer between two ranks of one host
+/// keeps two of them busy (the sender's copy into the kernel, the receiver's out of
+/// it), a reduction one.
+fn crowded_time(processors: usize, moved: f64, reduced: f64) -> f64 {
+    moved / (processors / 2).max(1) as f64 + reduced / processors.max(1) as f64
 }
 
 /// Algorithm choices measured on one job (see `Communicator::tune`): for each
@@ -560,8 +630,8 @@ pub struct Tuning {
     pub check_args: ArgCheck,
     /// The processors of the one host every rank of the group runs on, when the ranks
     /// outnumber them (`None` otherwise, and where the ranks are on several hosts):
-    /// the broadcast's cost model then counts every transfer
-    /// ([`CostModel::choose_bcast_on`]). Set at `init` from the operating system's
+    /// the broadcast's and the allreduce's cost models then count every transfer
+    /// ([`CostModel::choose_bcast_on`], [`CostModel::choose_allreduce_crowded`]). Set at `init` from the operating system's
     /// count of online processors, which every rank of one host reads alike.
     pub crowded: Option<usize>,
 }
@@ -719,7 +789,7 @@ impl Tuning {
             return AllreduceAlgo::Ordered;
         }
         self.choose(asked.or(self.allreduce), &self.measured.allreduce, n, bytes, || {
-            self.cost.choose_allreduce_on(layout, n, bytes)
+            self.cost.choose_allreduce_crowded(layout, n, bytes, self.crowded)
         })
     }
 }
@@ -1152,7 +1222,7 @@ mod tests {
     }
 
     #[test]
-    fn a_crowded_host_counts_every_transfer_of_a_broadcast() {
+    fn a_crowded_host_counts_every_transfer_of_a_broadcast_and_an_allreduce() {
         let tcp = CostModel::for_transport("tcp");
         // Spread out, the chain's pipeline wins from 1 MiB on 4 ranks.
         assert_eq!(tcp.choose_bcast(4, 1 << 20), BcastAlgo::Chain);
@@ -1171,11 +1241,41 @@ mod tests {
             assert!(w(a) >= t(a) * 0.999, "{a:?}: work {} below the time {}", w(a), t(a));
             assert_eq!(tcp.bcast_work(a, 1, 1 << 20), 0.0);
         }
+        // Allreduce: recursive doubling while messages cost more than bytes, then
+        // the algorithms that move 2(n-1)/n of the buffer, not log2(n) times all of it.
+        let flat = Layout::flat(4);
+        assert_eq!(tcp.choose_allreduce_on(&flat, 4, 128 << 10), AllreduceAlgo::RecursiveDoubling);
+        for bytes in [8, 4 << 10, 32 << 10] {
+            assert_eq!(
+                tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(2)),
+                AllreduceAlgo::RecursiveDoubling,
+                "{bytes}"
+            );
+        }
+        for bytes in [64 << 10, 128 << 10, 1 << 20, 16 << 20] {
+            assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(2)), AllreduceAlgo::Rabenseifner, "{bytes}");
+        }
+        assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, 128 << 10, None), AllreduceAlgo::RecursiveDoubling);
+        // Every algorithm moves at least 2(n-1)/n of the buffer per rank; recursive
+        // doubling all of it log2(n) times; folded ranks add theirs.
+        for n in [3, 4, 5, 8] {
+            let s = 1 << 20;
+            let bytes = |a| (tcp.allreduce_work(a, n, s).0 - tcp.allreduce_work(a, n, 0).0) / tcp.beta / s as f64;
+            for a in AllreduceAlgo::SELECTABLE {
+                assert!(bytes(a) >= 2.0 * (n as f64 - 1.0) - 1e-9, "{a:?} on {n}: {}", bytes(a));
+            }
+            if n.is_power_of_two() {
+                assert!(bytes(AllreduceAlgo::RecursiveDoubling) > bytes(AllreduceAlgo::Tree), "{n}");
+            }
+            assert_eq!(tcp.allreduce_work(AllreduceAlgo::Ring, 1, s), (0.0, 0.0));
+        }
         // The tuning carries it to the choice.
         let mut tuning = Tuning::for_transport("tcp");
         assert_eq!(tuning.bcast_algo(4, 1 << 20, None), BcastAlgo::Chain);
+        assert_eq!(tuning.allreduce_algo(4, 128 << 10, true, None), AllreduceAlgo::RecursiveDoubling);
         tuning.crowded = Some(2);
         assert_eq!(tuning.bcast_algo(4, 1 << 20, None), BcastAlgo::Binomial);
+        assert_ne!(tuning.allreduce_algo(4, 128 << 10, true, None), AllreduceAlgo::RecursiveDoubling);
         assert_eq!(tuning.bcast_algo(4, 1 << 20, Some(BcastAlgo::Chain)), BcastAlgo::Chain);
     }
 
