@@ -466,32 +466,47 @@ impl CostModel {
         }
     }
 
-    /// [`CostModel::choose_allreduce_on`] for ranks that share one host of
-    /// `processors` processors, fewer than the ranks (`None`: not so): each
-    /// algorithm takes at least its [`work`](CostModel::allreduce_work) spread over
-    /// the processors (see [`CostModel::choose_bcast_on`]). Recursive doubling, the
-    /// cheapest in time up to 256 KiB on 4 ranks, moves every rank's whole buffer
-    /// `log2 n` times, against `2(n-1)/n` of it for the others: on 4 ranks sharing 2
-    /// processors it took 1.3-1.8x the best algorithm's time at 64-256 KiB; with this
-    /// bound Rabenseifner's takes over from 64 KiB. The tree is left out there: its
-    /// time depends on which ranks share a processor, and changes with it from run
-    /// to run (178-458 µs at 256 KiB in four runs, 322-825 at 512 KiB), while its
-    /// work, the fewest messages, would have the bound choose it (BENCHMARKS.md).
+    /// [`CostModel::choose_allreduce_on`] for ranks that share one host with fewer
+    /// processors than ranks (`None`: not so): each algorithm takes at least its
+    /// [`work`](CostModel::allreduce_work) spread over the processors (see
+    /// [`CostModel::choose_bcast_on`]). Recursive doubling, the cheapest in time up to
+    /// 256 KiB on 4 ranks, moves every rank's whole buffer `log2 n` times, against
+    /// `2(n-1)/n` of it for the others: on 4 ranks sharing 2 processors it took
+    /// 1.3-1.8x the best algorithm's time at 64-256 KiB. The tree, whose work (the
+    /// fewest messages) the bound favours from 128 KiB, competes only where the
+    /// ranks are bound to processors in blocks ([`Crowded::blocks`]): its time
+    /// depends on which ranks share a processor, 178-458 µs at 256 KiB in four
+    /// unbound runs, 182-221 with ranks 0 and 1 on one and 2 and 3 on the other
+    /// (BENCHMARKS.md); unbound, Rabenseifner's algorithm takes over from 64 KiB.
     pub fn choose_allreduce_crowded(
         &self,
         layout: &Layout,
         n: usize,
         bytes: usize,
-        processors: Option<usize>,
+        crowded: Option<Crowded>,
     ) -> AllreduceAlgo {
-        let Some(p) = processors.filter(|&p| p < n) else { return self.choose_allreduce_on(layout, n, bytes) };
-        let mut algos = AllreduceAlgo::candidates(layout);
-        algos.retain(|&a| a != AllreduceAlgo::Tree);
+        let Some(c) = crowded.filter(|c| c.processors < n) else { return self.choose_allreduce_on(layout, n, bytes) };
+        let (p, mut algos) = (c.processors, AllreduceAlgo::candidates(layout));
+        if !c.blocks {
+            algos.retain(|&a| a != AllreduceAlgo::Tree);
+        }
         cheapest(&algos, |a| {
             let (moved, reduced) = self.allreduce_work(a, n, bytes);
             self.allreduce_time_on(layout, a, n, bytes).max(crowded_time(p, moved, reduced))
         })
     }
+}
+
+/// A host that every rank of a group shares, with fewer processors than ranks
+/// ([`Tuning::crowded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crowded {
+    /// Its online processors.
+    pub processors: usize,
+    /// Whether its ranks bind themselves to processors in blocks (`HCOMM_BIND`, on
+    /// by default for ranks launched as processes; every rank must ask alike, as it
+    /// changes the algorithms chosen).
+    pub blocks: bool,
 }
 
 /// The least time of transfers and reductions of `moved` and `reduced` seconds of
@@ -628,12 +643,13 @@ pub struct Tuning {
     /// How rooted collectives and scans check that every rank called them with the
     /// same arguments (`HCOMM_CHECK_ARGS`; see [`ArgCheck`]). Default: deferred.
     pub check_args: ArgCheck,
-    /// The processors of the one host every rank of the group runs on, when the ranks
-    /// outnumber them (`None` otherwise, and where the ranks are on several hosts):
-    /// the broadcast's and the allreduce's cost models then count every transfer
-    /// ([`CostModel::choose_bcast_on`], [`CostModel::choose_allreduce_crowded`]). Set at `init` from the operating system's
-    /// count of online processors, which every rank of one host reads alike.
-    pub crowded: Option<usize>,
+    /// The one host every rank of the group runs on, when the ranks outnumber its
+    /// processors (`None` otherwise, and where the ranks are on several hosts): the
+    /// broadcast's and the allreduce's cost models then count every transfer
+    /// ([`CostModel::choose_bcast_on`], [`CostModel::choose_allreduce_crowded`]).
+    /// Set at `init` from the operating system's count of online processors, which
+    /// every rank of one host reads alike.
+    pub crowded: Option<Crowded>,
 }
 
 impl Tuning {
@@ -746,7 +762,7 @@ impl Tuning {
     /// cheapest by the cost model (so for every family below).
     pub fn bcast_algo(&self, n: usize, bytes: usize, asked: Option<BcastAlgo>) -> BcastAlgo {
         self.choose(asked.or(self.broadcast), &self.measured.broadcast, n, bytes, || {
-            self.cost.choose_bcast_on(n, bytes, self.crowded)
+            self.cost.choose_bcast_on(n, bytes, self.crowded.map(|c| c.processors))
         })
     }
 
@@ -1244,16 +1260,28 @@ mod tests {
         // Allreduce: recursive doubling while messages cost more than bytes, then
         // the algorithms that move 2(n-1)/n of the buffer, not log2(n) times all of it.
         let flat = Layout::flat(4);
+        let free = Crowded { processors: 2, blocks: false };
+        let blocks = Crowded { blocks: true, ..free };
         assert_eq!(tcp.choose_allreduce_on(&flat, 4, 128 << 10), AllreduceAlgo::RecursiveDoubling);
         for bytes in [8, 4 << 10, 32 << 10] {
             assert_eq!(
-                tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(2)),
+                tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(free)),
                 AllreduceAlgo::RecursiveDoubling,
                 "{bytes}"
             );
         }
         for bytes in [64 << 10, 128 << 10, 1 << 20, 16 << 20] {
-            assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(2)), AllreduceAlgo::Rabenseifner, "{bytes}");
+            assert_eq!(
+                tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(free)),
+                AllreduceAlgo::Rabenseifner,
+                "{bytes}"
+            );
+        }
+        // Bound in blocks, the tree competes, and wins where the bytes outweigh the
+        // messages.
+        assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, 8, Some(blocks)), AllreduceAlgo::RecursiveDoubling);
+        for bytes in [256 << 10, 1 << 20, 16 << 20] {
+            assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(blocks)), AllreduceAlgo::Tree, "{bytes}");
         }
         assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, 128 << 10, None), AllreduceAlgo::RecursiveDoubling);
         // Every algorithm moves at least 2(n-1)/n of the buffer per rank; recursive
@@ -1273,7 +1301,7 @@ mod tests {
         let mut tuning = Tuning::for_transport("tcp");
         assert_eq!(tuning.bcast_algo(4, 1 << 20, None), BcastAlgo::Chain);
         assert_eq!(tuning.allreduce_algo(4, 128 << 10, true, None), AllreduceAlgo::RecursiveDoubling);
-        tuning.crowded = Some(2);
+        tuning.crowded = Some(Crowded { processors: 2, blocks: false });
         assert_eq!(tuning.bcast_algo(4, 1 << 20, None), BcastAlgo::Binomial);
         assert_ne!(tuning.allreduce_algo(4, 128 << 10, true, None), AllreduceAlgo::RecursiveDoubling);
         assert_eq!(tuning.bcast_algo(4, 1 << 20, Some(BcastAlgo::Chain)), BcastAlgo::Chain);

@@ -67,8 +67,8 @@ use futures::future::try_join;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 pub use allreduce::{
-    AllreduceAlgo, ArgCheck, CostModel, HierPlan, Layout, LinkCost, Measured, RING_CHUNK_BYTES, RING_MAX_COLUMNS,
-    Stage, Tuning, allreduce, allreduce_signature,
+    AllreduceAlgo, ArgCheck, CostModel, Crowded, HierPlan, Layout, LinkCost, Measured, RING_CHUNK_BYTES,
+    RING_MAX_COLUMNS, Stage, Tuning, allreduce, allreduce_signature,
 };
 pub use elem::{COOP_BYTES, cooperate, copy_in, reduce_in, to_vec};
 pub use exchange::{

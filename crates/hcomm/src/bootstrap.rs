@@ -56,6 +56,18 @@ pub struct Config {
     /// all). On by default; setting `HCOMM_TCP_SPIN_US`, `HCOMM_SHM_SPIN_US` or
     /// `HCOMM_SPIN_YIELD` turns it off (the spins are then as set or by default).
     pub auto_spin: bool,
+    /// Where this host runs more of the job's ranks than this process may use
+    /// processors, and nothing bound the process already (it may use every online
+    /// processor), each rank binds its threads to one processor, the host's ranks in
+    /// blocks in rank order (with 4 ranks on 2 processors: 0 and 1 on the first, 2
+    /// and 3 on the second), as MPI launchers map ranks by core. Left to the
+    /// scheduler, which ranks share a processor changes from run to run, and with it
+    /// the collectives' times: on 4 ranks and 2 processors the binomial allreduce of
+    /// 256 KiB took 182-221 µs with ranks 0 and 1 sharing one, 449-479 with 0 and 2 or
+    /// 0 and 3, and 275-458 unbound (BENCHMARKS.md). `HCOMM_BIND=0` turns it off; on
+    /// by default for a rank of its own process ([`Config::from_env`]), off in
+    /// [`Config::new`] (ranks that share a process would bind each other's threads).
+    pub bind: bool,
     /// Which interface the mesh listener uses (`HCOMM_IFNAME`, see
     /// [`crate::ifname`]); `None`: the one through which this rank reaches the store.
     pub ifname: Option<IfSpec>,
@@ -178,6 +190,41 @@ fn count_cpu_list(list: &str) -> Option<usize> {
         .sum()
 }
 
+/// Binds this process's threads to the processor [`block_cpu`] gives this rank among
+/// the ranks of its host (`hosts`, one entry per rank), if they outnumber the
+/// processors it may use and those are all the host's online ones
+/// ([`Config::bind`]). Returns the processor, or `None` where it does not bind (or
+/// cannot: then the scheduler places the process, as before).
+fn bind_block(hosts: &[String], rank: usize) -> Option<usize> {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    use nix::unistd::Pid;
+    let host = hosts.get(rank)?;
+    let here: Vec<usize> = (0..hosts.len()).filter(|&r| &hosts[r] == host).collect();
+    let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
+    let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
+    if cpus.len() != online_processors() || here.len() <= cpus.len() {
+        return None;
+    }
+    let cpu = cpus[block_cpu(here.iter().position(|&r| r == rank)?, here.len(), cpus.len())];
+    let mut set = CpuSet::new();
+    set.set(cpu).ok()?;
+    // Every thread of the process, the runtime's and any started before; threads
+    // started later inherit it.
+    let tids: Vec<i32> =
+        std::fs::read_dir("/proc/self/task").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    let mut bound = false;
+    for tid in tids {
+        bound |= sched_setaffinity(Pid::from_raw(tid), &set).is_ok();
+    }
+    bound.then_some(cpu)
+}
+
+/// The index among `cpus` processors of the one the `k`-th of `ranks` ranks of a
+/// host takes: consecutive ranks share a processor, in blocks as even as they go.
+fn block_cpu(k: usize, ranks: usize, cpus: usize) -> usize {
+    (k * cpus / ranks.max(1)).min(cpus.saturating_sub(1))
+}
+
 fn hosts_of(places: &[Placement]) -> Vec<String> {
     places.iter().map(|p| p.host.clone()).collect()
 }
@@ -221,6 +268,7 @@ impl Config {
             shm: true,
             stream: StreamOptions::default(),
             auto_spin: true,
+            bind: false,
             rack: None,
             host: None,
             probe_racks: false,
@@ -306,6 +354,10 @@ impl Config {
             c.stream.spin_yield = Error::parse_flag("HCOMM_SPIN_YIELD", &v)?;
             c.auto_spin = false;
         }
+        c.bind = match std::env::var("HCOMM_BIND") {
+            Ok(v) => Error::parse_flag("HCOMM_BIND", &v)?,
+            Err(_) => true,
+        };
         if let Some(b) = size_var("HCOMM_POOL_BYTES")? {
             // Process-wide, like the memory it bounds.
             hcomm_core::pool::set_limit(b);
@@ -530,9 +582,9 @@ impl Config {
         if self.tuning_from_env {
             group.set_tuning(Tuning::for_transport(group.transport().name()).with_env(|k| std::env::var(k).ok())?);
         }
-        if let Some(p) = crowded_host(&hosts_of(places), online_processors()) {
+        if let Some(processors) = crowded_host(&hosts_of(places), online_processors()) {
             let mut t = group.tuning().clone();
-            t.crowded = Some(p);
+            t.crowded = Some(hcomm_collectives::Crowded { processors, blocks: self.bind });
             group.set_tuning(t);
         }
         let topo = group.topology();
@@ -643,6 +695,11 @@ impl Config {
         }
         let addrs: Vec<Vec<SocketAddr>> = infos.iter().map(|i| i.paths.clone()).collect();
         let places: Vec<Placement> = infos.into_iter().map(|i| i.place).collect();
+        if self.bind
+            && let Some(cpu) = bind_block(&hosts_of(&places), rank)
+        {
+            tracing::debug!(rank, cpu, "bound to one processor: this host runs more ranks than it has");
+        }
         let opts = MeshOptions {
             job,
             key,
@@ -788,6 +845,19 @@ async fn bind_listener(ip: IpAddr, range: Option<(u16, u16)>) -> Result<TcpListe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_bind_in_blocks() {
+        let blocks = |ranks, cpus| (0..ranks).map(|k| block_cpu(k, ranks, cpus)).collect::<Vec<_>>();
+        assert_eq!(blocks(4, 2), vec![0, 0, 1, 1]);
+        assert_eq!(blocks(8, 2), vec![0, 0, 0, 0, 1, 1, 1, 1]);
+        assert_eq!(blocks(3, 2), vec![0, 0, 1]);
+        assert_eq!(blocks(6, 4), vec![0, 0, 1, 2, 2, 3]);
+        // Not crowded (as many processors as ranks here): no binding; the host of
+        // this test has one host entry per rank only as the test gives it.
+        assert_eq!(bind_block(&[String::from("h")], 0), None);
+        assert_eq!(bind_block(&[], 0), None);
+    }
 
     #[test]
     fn a_crowded_host_is_one_host_with_fewer_processors_than_ranks() {
