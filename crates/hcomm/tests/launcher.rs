@@ -86,6 +86,7 @@ fn topo_prints_the_job_and_bad_variables_are_named() {
         ("HCOMM_RACK", " ", "HCOMM_RACK is empty"),
         ("HCOMM_TOPOLOGY", "/nonexistent/racks.toml", "cannot read the topology file /nonexistent/racks.toml"),
         ("HCOMM_POOL_BYTES", "lots", "HCOMM_POOL_BYTES"),
+        ("HCOMM_BIND", "cores", "HCOMM_BIND=\"cores\" is not 0 or 1"),
     ] {
         let (ok, out) = topo(&[(var, value)]);
         assert!(!ok, "{var}={value} was accepted: {out}");
