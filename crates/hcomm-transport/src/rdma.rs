@@ -959,9 +959,15 @@ async fn post_receive(shared: &Arc<Shared>, qp: &Arc<async_rdma::Rdma>, len: usi
         let r = qp.receive_raw_into(&mut *buf).await;
         (r, buf)
     });
-    // Receives complete in the order they were posted: post now, in order.
-    let _ = futures::poll!(f.as_mut());
-    Ok(f)
+    // Receives complete in the order they were posted: post now, in order. A receive
+    // whose message was already there completes in this first poll: its result is
+    // kept, as a completed future must not be polled again (it was, and panicked with
+    // "`async fn` resumed after completion", when 3 ranks bound to 2 processors in the
+    // soft-RoCE guest changed the timing).
+    match futures::poll!(f.as_mut()) {
+        std::task::Poll::Pending => Ok(f),
+        std::task::Poll::Ready(out) => Ok(Box::pin(async move { out })),
+    }
 }
 
 /// Keeps `depth` receives posted for `peer` and delivers its messages in order; the
