@@ -962,8 +962,7 @@ async fn post_receive(shared: &Arc<Shared>, qp: &Arc<async_rdma::Rdma>, len: usi
     // Receives complete in the order they were posted: post now, in order. A receive
     // whose message was already there completes in this first poll: its result is
     // kept, as a completed future must not be polled again (it was, and panicked with
-    // "`async fn` resumed after completion", when 3 ranks bound to 2 processors in the
-    // soft-RoCE guest changed the timing).
+    // "`async fn` resumed after completion" in a run of the soft-RoCE guest's tests).
     match futures::poll!(f.as_mut()) {
         std::task::Poll::Pending => Ok(f),
         std::task::Poll::Ready(out) => Ok(Box::pin(async move { out })),
