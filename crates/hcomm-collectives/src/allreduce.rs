@@ -341,8 +341,8 @@ impl CostModel {
         }
     }
 
-    /// [`CostModel::choose_bcast`] for `n` ranks that share one host of `processors`
-    /// processors, fewer than the ranks (`None`: not so). A transfer between two ranks
+    /// [`CostModel::choose_bcast`] for `n` ranks that share one host with fewer
+    /// processors than ranks (`None`: not so). A transfer between two ranks
     /// of one host keeps two processors busy (the sender's copy into the kernel, the
     /// receiver's out of it), so at most half the processors' worth run at once, and
     /// an algorithm takes at least its [`work`](CostModel::bcast_work) divided by
@@ -351,10 +351,10 @@ impl CostModel {
     /// whose transfers are the fewest, took 0.67-0.84x the chain's time at 1-16 MiB
     /// (medians of four alternated runs),
     /// where the model without this chose the chain (BENCHMARKS.md).
-    pub fn choose_bcast_on(&self, n: usize, bytes: usize, processors: Option<usize>) -> BcastAlgo {
-        let Some(p) = processors.filter(|&p| p < n) else { return self.choose_bcast(n, bytes) };
+    pub fn choose_bcast_crowded(&self, n: usize, bytes: usize, crowded: Option<Crowded>) -> BcastAlgo {
+        let Some(c) = crowded.filter(|c| c.processors < n) else { return self.choose_bcast(n, bytes) };
         cheapest(&BcastAlgo::ALL, |a| {
-            self.bcast_time(a, n, bytes).max(crowded_time(p, self.bcast_work(a, n, bytes), 0.0))
+            self.bcast_time(a, n, bytes).max(crowded_time(c.processors, self.bcast_work(a, n, bytes), 0.0))
         })
     }
 
@@ -469,7 +469,7 @@ impl CostModel {
     /// [`CostModel::choose_allreduce_on`] for ranks that share one host with fewer
     /// processors than ranks (`None`: not so): each algorithm takes at least its
     /// [`work`](CostModel::allreduce_work) spread over the processors (see
-    /// [`CostModel::choose_bcast_on`]). Recursive doubling, the cheapest in time up to
+    /// [`CostModel::choose_bcast_crowded`]). Recursive doubling, the cheapest in time up to
     /// 256 KiB on 4 ranks, moves every rank's whole buffer `log2 n` times, against
     /// `2(n-1)/n` of it for the others: on 4 ranks sharing 2 processors it took
     /// 1.3-1.8x the best algorithm's time at 64-256 KiB. The tree, whose work (the
@@ -646,7 +646,7 @@ pub struct Tuning {
     /// The one host every rank of the group runs on, when the ranks outnumber its
     /// processors (`None` otherwise, and where the ranks are on several hosts): the
     /// broadcast's and the allreduce's cost models then count every transfer
-    /// ([`CostModel::choose_bcast_on`], [`CostModel::choose_allreduce_crowded`]).
+    /// ([`CostModel::choose_bcast_crowded`], [`CostModel::choose_allreduce_crowded`]).
     /// Set at `init` from the operating system's count of online processors, which
     /// every rank of one host reads alike.
     pub crowded: Option<Crowded>,
@@ -762,7 +762,7 @@ impl Tuning {
     /// cheapest by the cost model (so for every family below).
     pub fn bcast_algo(&self, n: usize, bytes: usize, asked: Option<BcastAlgo>) -> BcastAlgo {
         self.choose(asked.or(self.broadcast), &self.measured.broadcast, n, bytes, || {
-            self.cost.choose_bcast_on(n, bytes, self.crowded.map(|c| c.processors))
+            self.cost.choose_bcast_crowded(n, bytes, self.crowded)
         })
     }
 
@@ -1240,15 +1240,17 @@ mod tests {
     #[test]
     fn a_crowded_host_counts_every_transfer_of_a_broadcast_and_an_allreduce() {
         let tcp = CostModel::for_transport("tcp");
+        let free = Crowded { processors: 2, blocks: false };
+        let blocks = Crowded { blocks: true, ..free };
         // Spread out, the chain's pipeline wins from 1 MiB on 4 ranks.
         assert_eq!(tcp.choose_bcast(4, 1 << 20), BcastAlgo::Chain);
-        assert_eq!(tcp.choose_bcast_on(4, 1 << 20, None), BcastAlgo::Chain);
+        assert_eq!(tcp.choose_bcast_crowded(4, 1 << 20, None), BcastAlgo::Chain);
         // 4 ranks on 2 processors: one transfer at a time, and the tree's are fewest.
         for bytes in [8, 64 << 10, 1 << 20, 16 << 20, 256 << 20] {
-            assert_eq!(tcp.choose_bcast_on(4, bytes, Some(2)), BcastAlgo::Binomial, "{bytes}");
+            assert_eq!(tcp.choose_bcast_crowded(4, bytes, Some(free)), BcastAlgo::Binomial, "{bytes}");
         }
         // As many processors as ranks: not crowded.
-        assert_eq!(tcp.choose_bcast_on(4, 1 << 20, Some(4)), BcastAlgo::Chain);
+        assert_eq!(tcp.choose_bcast_crowded(4, 1 << 20, Some(Crowded { processors: 4, ..free })), BcastAlgo::Chain);
         // The work: every algorithm moves the message to each of the n-1 others at
         // least once; the chain in more messages, scatter-allgather in more bytes.
         let (w, t) = (|a| tcp.bcast_work(a, 4, 1 << 20), |a| tcp.bcast_time(a, 4, 1 << 20));
@@ -1260,8 +1262,6 @@ mod tests {
         // Allreduce: recursive doubling while messages cost more than bytes, then
         // the algorithms that move 2(n-1)/n of the buffer, not log2(n) times all of it.
         let flat = Layout::flat(4);
-        let free = Crowded { processors: 2, blocks: false };
-        let blocks = Crowded { blocks: true, ..free };
         assert_eq!(tcp.choose_allreduce_on(&flat, 4, 128 << 10), AllreduceAlgo::RecursiveDoubling);
         for bytes in [8, 4 << 10, 32 << 10] {
             assert_eq!(

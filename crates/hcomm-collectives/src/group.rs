@@ -1033,6 +1033,7 @@ fn sent<F: Future<Output = Result<()>>>(to: usize, fut: Result<F>) -> impl Futur
         Err(e) => Either::Right(std::future::ready(Err(e))),
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::ChoiceMemo;

@@ -33,8 +33,7 @@ impl Stopwatch {
     pub fn start() -> Stopwatch {
         // `event_enabled!`: a filter that passes events alone (the statistics' does)
         // refuses the bare hint `enabled!` asks with, and this stopwatch never started.
-        let listening = tracing::event_enabled!(target: OP_TARGET, tracing::Level::DEBUG)
-            || tracing::event_enabled!(target: MSG_TARGET, tracing::Level::TRACE);
+        let listening = op_listened() || tracing::event_enabled!(target: MSG_TARGET, tracing::Level::TRACE);
         Stopwatch(listening.then(Instant::now))
     }
 

@@ -160,7 +160,6 @@ pub fn local_placement() -> Result<Placement> {
     Ok(placement_of(rack, file.as_ref(), host))
 }
 
-/// The host identity of each rank.
 /// The processors of the one host every rank is on (`hosts`), if the ranks outnumber
 /// them ([`Tuning::crowded`]). Ranks spread over several hosts know only their own
 /// host's count, and would not choose alike: `None`.
@@ -225,6 +224,7 @@ fn block_cpu(k: usize, ranks: usize, cpus: usize) -> usize {
     (k * cpus / ranks.max(1)).min(cpus.saturating_sub(1))
 }
 
+/// The host identity of each rank.
 fn hosts_of(places: &[Placement]) -> Vec<String> {
     places.iter().map(|p| p.host.clone()).collect()
 }
