@@ -288,6 +288,12 @@ pub(crate) struct Assembler {
     landed: Option<Arc<LandStats>>,
     /// The least length of a message that lands ([`LANDING_MIN`] or more).
     land_min: usize,
+    /// The last fragment begun was read straight into its message
+    /// ([`DIRECT_MIN`] bytes or more): the next read takes a header alone, if
+    /// `header_alone` (see [`Assembler::read_target`]).
+    after_direct: bool,
+    /// [`Assembler::header_alone`].
+    header_alone: bool,
 }
 
 /// Counts of the messages that landed in their receive's buffer
@@ -331,6 +337,8 @@ impl Assembler {
             mailbox: None,
             landed: None,
             land_min: LANDING_MIN,
+            after_direct: false,
+            header_alone: false,
         }
     }
 
@@ -341,6 +349,15 @@ impl Assembler {
     pub fn landing(peer: usize, mailbox: Arc<hcomm_core::Mailbox>, stats: Arc<LandStats>, min: usize) -> Assembler {
         let land_min = min.max(LANDING_MIN);
         Assembler { mailbox: Some(mailbox), landed: Some(stats), land_min, ..Assembler::new(peer) }
+    }
+
+    /// After a fragment read straight into its message, read the next header alone
+    /// ([`Assembler::read_target`]). For TCP connections of ranks that do not
+    /// outnumber the processors: on 4 ranks sharing 2 it made allreduces of 512 KiB
+    /// 1.6x slower and of 1-4 MiB 1.05-1.25x (why, not established), where on 2
+    /// ranks it made those of 1-2 MiB 4-5% faster (BENCHMARKS.md, session 19).
+    pub fn header_alone(self, on: bool) -> Assembler {
+        Assembler { header_alone: on && !self.ring, ..self }
     }
 
     /// An assembler for the stream of a shared-memory ring, which also carries short
@@ -402,6 +419,17 @@ impl Assembler {
             }
             p.data.reserve(left);
             return (std::mem::take(&mut *p.data), left);
+        }
+        if self.header_alone && self.after_direct && self.buf.len() < HEADER_LEN {
+            // Large fragments come in runs (a collective's pieces, a window of large
+            // sends): after one, read the next header alone, so that a large
+            // fragment's bytes go straight into its message and no 64 KiB of them
+            // is read here and copied over (on 2 ranks, 1 MiB allreduces copied 64
+            // KiB of each 512 KiB piece so). A small frame after a large one costs
+            // a read more.
+            let limit = HEADER_LEN - self.buf.len();
+            self.buf.reserve(limit);
+            return (std::mem::take(&mut self.buf), limit);
         }
         let need = if self.ring && self.buf.first() == Some(&SHORT_MAGIC) {
             SHORT_LEN + SHORT_MAX
@@ -656,8 +684,11 @@ impl Assembler {
             }
             let n = h.frag_len as usize;
             let arrived = self.buf.len() >= HEADER_LEN + n;
-            if !arrived && n < DIRECT_MIN {
-                return Ok(None);
+            if n < DIRECT_MIN {
+                self.after_direct = false;
+                if !arrived {
+                    return Ok(None);
+                }
             }
             if arrived && h.offset == 0 && u64::from(h.frag_len) == h.msg_len {
                 // A whole message in the read buffer: split off, no copy.
@@ -685,6 +716,7 @@ impl Assembler {
             if here < n {
                 // The rest is read straight into the message (or its receive's buffer).
                 self.direct = Some((h.msg_id, end));
+                self.after_direct = true;
                 return Ok(None);
             }
             if !self.complete_landed(h.msg_id)
@@ -820,6 +852,42 @@ mod tests {
         assert_eq!(out[2].1, vec![1; 100_000]);
         assert_eq!(out[3].1, vec![2; 10]);
         assert!(out[1].1.is_empty());
+    }
+
+    /// After a fragment read straight into its message, the next read takes a header
+    /// alone, so that a large fragment after it goes whole into its message; after a
+    /// small frame, reads take 64 KiB again. The messages come out whole either way.
+    #[test]
+    fn after_a_large_fragment_the_next_header_is_read_alone() {
+        let wire = encode(vec![msg(1, 100_000, 1), msg(2, 100_000, 2), msg(3, 10, 3), msg(4, 10, 4)], 1 << 20);
+        let reads = |mut a: Assembler| {
+            let (mut out, mut limits, mut rest) = (Vec::new(), Vec::new(), &wire[..]);
+            while !rest.is_empty() {
+                let (mut b, limit) = a.read_target();
+                // A read returns what the socket holds, up to the limit.
+                let k = rest.len().min(limit).min(b.capacity() - b.len());
+                limits.push(limit);
+                b.extend_from_slice(&rest[..k]);
+                a.filled(b);
+                rest = &rest[k..];
+                while let Some(f) = a.next_frame().unwrap() {
+                    out.push((f.header.tag, f.payload.len()));
+                }
+            }
+            assert_eq!(out, vec![(1, 100_000), (2, 100_000), (3, 10), (4, 10)]);
+            limits
+        };
+        // Off (the default, and on a shared-memory ring): 64 KiB reads after a large one.
+        assert!(reads(Assembler::new(1))[2] > HEADER_LEN);
+        assert!(reads(Assembler::for_ring(1).header_alone(true))[2] > HEADER_LEN);
+        let limits = reads(Assembler::new(1).header_alone(true));
+        // The first read is 64 KiB or more (header and the start of message 1), then
+        // message 1's rest straight in, then message 2's header alone, its payload
+        // whole, then message 3's header alone, and 64 KiB or more again.
+        assert!(limits[0] > HEADER_LEN, "{limits:?}");
+        assert_eq!(limits[1], 100_000 - (limits[0].min(READ_CHUNK) - HEADER_LEN), "{limits:?}");
+        assert_eq!(&limits[2..5], &[HEADER_LEN, 100_000, HEADER_LEN], "{limits:?}");
+        assert!(limits[5] > HEADER_LEN, "{limits:?}");
     }
 
     /// A frame whose start a sending task wrote itself (as a direct write taken in

@@ -1724,10 +1724,13 @@ impl TcpInbox {
         opts: &StreamOptions,
     ) -> TcpInbox {
         let land = opts.tcp_land > 0 && !opts.tcp_spin.is_zero();
-        let asm = Mutex::new(match land {
-            true => Assembler::landing(peer, links.mailbox.clone(), links.landed.clone(), opts.tcp_land),
-            false => Assembler::new(peer),
-        });
+        let asm = Mutex::new(
+            match land {
+                true => Assembler::landing(peer, links.mailbox.clone(), links.landed.clone(), opts.tcp_land),
+                false => Assembler::new(peer),
+            }
+            .header_alone(!opts.spin_yield),
+        );
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
         let eager = !opts.spin_yield;
         TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, land, eager }
