@@ -374,7 +374,7 @@ fn record(pass: usize, first: &mut [f64], later: &mut [f64], set: &[usize], time
 /// TCP, Rabenseifner's allreduce was the fastest at 64 KiB, the ring at 128 KiB and
 /// the tree at 256 KiB. The later pass measured the ring 6-7% ahead of the tree at
 /// 128 KiB, and the smoothing still chose the tree, from the ring's 1.2-1.4x at the
-/// sizes around, in every one of 5 runs; the tree took 1.12-1.15x the ring's time
+/// sizes around, in every one of 5 runs; the tree took 1.12-1.14x the ring's time
 /// head to head there (BENCHMARKS.md, session 19).
 const TIE: f64 = 1.03;
 
