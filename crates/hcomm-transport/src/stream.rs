@@ -107,6 +107,21 @@ pub struct StreamOptions {
     /// several connections per peer, or shared memory (which writes small messages
     /// into its ring directly by its own means).
     pub tcp_direct: usize,
+    /// Data messages of at most this many bytes (and not more than `tcp_direct`)
+    /// that come in a burst to a plain tokio TCP peer (within [`BURST_GAP`] of the
+    /// last direct write to it, with nothing heard from it since) are queued for the
+    /// writer task, which gathers them into one write, and their sends complete at
+    /// once, while fewer than [`EAGER_BACKLOG`] messages wait for that peer's writer
+    /// (the queue holds its own copy of each). The writer task runs when the
+    /// executor next runs it: on a current-thread runtime, at the sending task's
+    /// next wait. As MPI's eager sends, a completed send means the buffer may be
+    /// reused, not that the bytes left the process; a connection that breaks after
+    /// that fails the operations that come after. Back-to-back 8 B-4 KiB broadcasts
+    /// from their root took 0.30-0.52x the time of one system call each on 2 ranks,
+    /// and 0.40-0.78x on 4 ranks sharing 2 processors; exchanges (allreduce,
+    /// latency) are not bursts and do not change (BENCHMARKS.md, session 20). Zero:
+    /// off (`HCOMM_TCP_EAGER`).
+    pub tcp_eager: usize,
 }
 
 /// A send that comes within this long of the end of the last direct write to the
@@ -118,7 +133,19 @@ pub struct StreamOptions {
 /// one sent after the last was awaited (back-to-back broadcasts from their root,
 /// 1-2 µs apart: queued, each cost a hand-over to the writer task and its own
 /// system call there, 5.0 µs against 3.8 written directly) are written directly.
+/// A message small enough to be sent eagerly ([`StreamOptions::tcp_eager`]) is
+/// queued within this long even after the last send was awaited, unless something
+/// came from the peer since: its send then completes without the hand-over.
 const BURST_GAP: Duration = Duration::from_micros(2);
+
+/// How many messages may wait for a peer's writer task while sends to that peer
+/// still complete at once ([`StreamOptions::tcp_eager`]); past that, a send waits
+/// for its hand-over to the writer as other queued sends do, which also makes a
+/// sending task that never waits otherwise give the writer its turn.
+pub const EAGER_BACKLOG: usize = 32;
+
+/// Default of [`StreamOptions::tcp_eager`] (`HCOMM_TCP_EAGER`).
+pub const DEFAULT_TCP_EAGER: usize = 4 << 10;
 
 /// How long a frame posted lazily ([`Transport::post_lazy`]) waits for a write to
 /// its peer to take it along before its writer task sends it alone (tokio's timer
@@ -170,6 +197,7 @@ impl Default for StreamOptions {
             tcp_lend: DEFAULT_TCP_LEND,
             tcp_land: DEFAULT_TCP_LAND,
             tcp_direct: DEFAULT_TCP_DIRECT,
+            tcp_eager: DEFAULT_TCP_EAGER,
         }
     }
 }
@@ -255,6 +283,9 @@ pub(crate) struct Links {
     /// transport's epoch, written under the peer's wire lock), or 0 once the future
     /// of that send was awaited: see [`BURST_GAP`].
     direct_end: Vec<AtomicU64>,
+    /// As `direct_end`, but kept when the send is awaited, and 0 once something
+    /// came from the peer: see [`StreamOptions::tcp_eager`].
+    eager_end: Vec<AtomicU64>,
     /// Per peer: a data message to it was written or queued since a receive last
     /// read its socket in a first poll (`TcpInbox::poll_first`).
     sent: Vec<AtomicBool>,
@@ -282,6 +313,7 @@ impl Links {
             writer_done: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             stopped: tokio::sync::Notify::new(),
             direct_end: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            eager_end: (0..size).map(|_| AtomicU64::new(0)).collect(),
             sent: (0..size).map(|_| AtomicBool::new(false)).collect(),
             first_reads: (AtomicU64::new(0), AtomicU64::new(0)),
         }
@@ -315,6 +347,9 @@ impl Links {
 
     pub(crate) fn heard_from(&self, peer: Rank) {
         self.heard[peer].store(self.now_ms(), Ordering::Relaxed);
+        if let Some(end) = self.eager_end.get(peer) {
+            end.store(0, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn mark(&self, flags: &[AtomicBool], peer: Rank) {
@@ -452,6 +487,10 @@ pub struct StreamTransport {
     tcp_direct: Vec<Option<Arc<TcpInbox>>>,
     /// [`StreamOptions::tcp_direct`].
     tcp_direct_max: usize,
+    /// [`StreamOptions::tcp_eager`], capped at `tcp_direct_max`.
+    tcp_eager_max: usize,
+    /// Sends completed at once under [`StreamOptions::tcp_eager`].
+    eager_sends: AtomicU64,
     epoch: std::time::Instant,
     /// Messages written directly: whole, and begun (the rest left to the writer).
     direct_writes: (AtomicU64, AtomicU64),
@@ -584,6 +623,8 @@ impl StreamTransport {
             direct: vec![None; size],
             tcp_direct: vec![None; size],
             tcp_direct_max: 0,
+            tcp_eager_max: 0,
+            eager_sends: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             direct_writes: (AtomicU64::new(0), AtomicU64::new(0)),
             lend_min: vec![usize::MAX; size],
@@ -623,6 +664,7 @@ impl StreamTransport {
                     if opts.tcp_direct > 0 {
                         t.tcp_direct[peer] = Some(inbox.clone());
                         t.tcp_direct_max = opts.tcp_direct;
+                        t.tcp_eager_max = opts.tcp_eager.min(opts.tcp_direct);
                     }
                     polled[peer] = Some(Arc::downgrade(&inbox) as std::sync::Weak<dyn hcomm_core::mailbox::PollLink>);
                     let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin, opts.spin_yield));
@@ -774,6 +816,7 @@ impl StreamTransport {
         {
             return done;
         }
+        let want_done = want_done && !self.eager(peer, &header, payload.len());
         match &self.direct[peer] {
             Some(out) => {
                 let mut queued = Ok(None);
@@ -812,8 +855,11 @@ impl StreamTransport {
         if self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 || self.mailbox.peer_failure(peer).is_some() {
             return None;
         }
-        // The clock only if the last direct write is not awaited yet (0 once it is).
-        let last = self.shared.direct_end[peer].load(Ordering::Relaxed);
+        // The clock only if the last direct write is not awaited yet (0 once it is),
+        // or, for a message small enough to be sent eagerly, nothing came from the
+        // peer since.
+        let ends = if len <= self.tcp_eager_max { &self.shared.eager_end } else { &self.shared.direct_end };
+        let last = ends[peer].load(Ordering::Relaxed);
         if last != 0 && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last) < BURST_GAP.as_nanos() as u64 {
             // A burst: the writer task gathers it into few system calls.
             return None;
@@ -833,7 +879,9 @@ impl StreamTransport {
         let stream: &tokio::net::TcpStream = inbox.half.as_ref();
         self.shared.sent[peer].store(true, Ordering::Relaxed);
         let n = stream.try_write_vectored(&parts);
-        self.shared.direct_end[peer].store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Relaxed);
+        let end = self.epoch.elapsed().as_nanos().max(1) as u64;
+        self.shared.direct_end[peer].store(end, Ordering::Relaxed);
+        self.shared.eager_end[peer].store(end, Ordering::Relaxed);
         let total = lazy.len() + head.len() + len;
         let n = match n {
             Ok(n) if n == total => {
@@ -873,6 +921,21 @@ impl StreamTransport {
             })));
         }
         Some(Ok(rx))
+    }
+
+    /// Whether a data message of `len` bytes to `peer` that is to be queued (not
+    /// written in the call) completes its send at once ([`StreamOptions::tcp_eager`]):
+    /// its bytes are the queue's own, the peer is a plain TCP one, and fewer than
+    /// [`EAGER_BACKLOG`] messages wait for its writer task. Counted if so.
+    fn eager(&self, peer: Rank, header: &Header, len: usize) -> bool {
+        let eager = header.kind == FrameKind::Data
+            && len <= self.tcp_eager_max
+            && self.tcp_direct.get(peer).is_some_and(Option::is_some)
+            && self.shared.unwritten[peer].load(Ordering::Relaxed) < EAGER_BACKLOG;
+        if eager {
+            self.eager_sends.fetch_add(1, Ordering::Relaxed);
+        }
+        eager
     }
 
     /// Hands a message to `peer`'s writer task; with `want_done`, with the receiver of
@@ -1216,6 +1279,12 @@ impl StreamTransport {
     /// kernel took only in part (their rest went through the writer task).
     pub fn tcp_direct_writes(&self) -> (u64, u64) {
         (self.direct_writes.0.load(Ordering::Relaxed), self.direct_writes.1.load(Ordering::Relaxed))
+    }
+
+    /// Sends that completed when their message was queued, without waiting for the
+    /// writer task ([`StreamOptions::tcp_eager`]).
+    pub fn tcp_eager_sends(&self) -> u64 {
+        self.eager_sends.load(Ordering::Relaxed)
     }
 
     /// Receives that read their plain TCP connection themselves in their first poll,

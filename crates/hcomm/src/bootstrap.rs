@@ -333,6 +333,14 @@ impl Config {
             }
             c.stream.tcp_direct = max;
         }
+        if let Some(max) = size_var("HCOMM_TCP_EAGER")? {
+            if max > 64 << 10 {
+                return Err(Error::config(format!(
+                    "HCOMM_TCP_EAGER={max} is above 64K: a burst of larger messages gains little from one write"
+                )));
+            }
+            c.stream.tcp_eager = max;
+        }
         if let Some(spin) = micros_var("HCOMM_SHM_SPIN_US")? {
             c.stream.shm.spin = spin;
             c.auto_spin = false;

@@ -603,12 +603,20 @@ impl<T: LocalTransport> Communicator<T> {
     /// `HCOMM_TCP_LEND` bytes, 64 KiB by default) is not copied either: the
     /// connection's writer sends it straight out of `data`, and the future completes
     /// once the kernel has all of it. Otherwise `data` is copied at the call and the
-    /// future completes once the message is handed to the transport.
+    /// future completes once the message is handed to the transport. A small message
+    /// over a plain TCP connection (up to `HCOMM_TCP_EAGER` bytes, 4 KiB by default)
+    /// that comes in a burst (within 2 µs of the last one written to `dst`, with
+    /// nothing received from `dst` since) completes when its copy is queued, as an
+    /// MPI eager send: the connection's writer task writes the burst in one system
+    /// call when the executor next runs it (on a current-thread runtime, when this
+    /// task next waits).
     ///
     /// # Errors
     /// An invalid-argument error for `dst` out of range; a peer-failed error if the
     /// connection to `dst` is broken; a timeout if the message could not be handed to
-    /// the transport (or copied by the peer) within the communicator's timeout.
+    /// the transport (or copied by the peer) within the communicator's timeout. A
+    /// connection that breaks after an eager send completed fails the operations
+    /// with `dst` that come after it.
     ///
     /// # Cancel safety
     /// The message is queued when this method is called; dropping the future does not

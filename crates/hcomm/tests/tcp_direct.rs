@@ -106,45 +106,114 @@ fn a_direct_write_taken_in_part_keeps_the_stream_in_order() {
     assert!(whole >= 100, "{whole} whole direct writes");
 }
 
-/// Sends awaited one after another go to the socket directly, each right after the
-/// last (as a root's back-to-back broadcasts do); a window of sends made before any
-/// is awaited goes to the writer task after its first, which gathers the rest into
-/// few writes. Both arrive whole and in order. One thread, so that the writer task
-/// runs only when the sending task waits.
+/// Without eager sends (`tcp_eager` 0), sends awaited one after another go to the
+/// socket directly, each right after the last; with them (the default), such a
+/// burst of small sends completes at once and the writer task gathers it. A window
+/// of sends made before any is awaited goes to the writer task after its first,
+/// which gathers the rest into few writes. All arrive whole and in order. One
+/// thread, so that the writer task runs only when the sending task waits.
 #[tokio::test]
-async fn awaited_sends_go_directly_and_a_window_is_gathered() {
-    let comms = hcomm::local_tcp_with(2, |c| c.stream.peer_timeout = None).await.unwrap();
-    let (a, b) = (&comms[0], &comms[1]);
-    let count = 50;
-    let msg = |i: usize| random_bytes(1 + i % 97, 1000 + i as u64);
-    let check = async |tag: u32| {
-        for i in 0..count {
-            let got: Vec<u8> = b.recv(0, tag).await.unwrap();
-            assert!(got == msg(i), "message {i} of tag {tag} out of order or corrupted");
+async fn awaited_sends_go_directly_or_eagerly_and_a_window_is_gathered() {
+    for eager in [false, true] {
+        let comms = hcomm::local_tcp_with(2, |c| {
+            c.stream.peer_timeout = None;
+            assert_eq!(c.stream.tcp_eager, 4 << 10);
+            if !eager {
+                c.stream.tcp_eager = 0;
+            }
+        })
+        .await
+        .unwrap();
+        let (a, b) = (&comms[0], &comms[1]);
+        let count = 50;
+        let msg = |i: usize| random_bytes(1 + i % 97, 1000 + i as u64);
+        let check = async |tag: u32| {
+            for i in 0..count {
+                let got: Vec<u8> = b.recv(0, tag).await.unwrap();
+                assert!(got == msg(i), "message {i} of tag {tag} out of order or corrupted");
+            }
+        };
+        // Awaited one by one.
+        let (before, eager_before) = (direct(a).0, a.transport().tcp_eager_sends());
+        let send = async {
+            for i in 0..count {
+                a.send(1, 5, &msg(i)).await.unwrap();
+            }
+            (direct(a).0 - before, a.transport().tcp_eager_sends() - eager_before)
+        };
+        let ((sequential, eagerly), ()) = futures::join!(send, check(5));
+        match eager {
+            // A heartbeat queued meanwhile may send one to the writer; with a fixed
+            // gap instead (the sends 1-2 µs apart), about every other one went there.
+            false => {
+                assert!(sequential >= count as u64 - 3, "{sequential} of {count} awaited sends written directly");
+                assert_eq!(eagerly, 0);
+            }
+            // The first goes directly, the next ones complete at once until
+            // `EAGER_BACKLOG` wait for the writer; then one waits for it.
+            true => assert!(
+                eagerly >= count as u64 / 2 && sequential + eagerly <= count as u64,
+                "{eagerly} eager and {sequential} direct sends of {count}"
+            ),
         }
-    };
-    // Awaited one by one.
-    let before = direct(a).0;
-    let send = async {
-        for i in 0..count {
-            a.send(1, 5, &msg(i)).await.unwrap();
-        }
-        direct(a).0 - before
-    };
-    let (sequential, ()) = futures::join!(send, check(5));
-    // A window: every future made first, then awaited together.
-    let before = direct(a).0;
-    let bufs: Vec<Vec<u8>> = (0..count).map(msg).collect();
-    let sends: Vec<_> = bufs.iter().map(|m| a.send(1, 6, m)).collect();
-    let window = direct(a).0 - before;
-    let (sent, ()) = futures::join!(futures::future::try_join_all(sends), check(6));
-    sent.unwrap();
-    // A heartbeat queued meanwhile may send one to the writer; with a fixed gap
-    // instead (the sends 1-2 µs apart), about every other one went there.
-    assert!(sequential >= count as u64 - 3, "{sequential} of {count} awaited sends written directly");
-    // Only a pause of over 2 µs between making two of them writes another directly.
-    assert!(window <= 5, "{window} of a window of {count} written directly");
-    futures::future::try_join_all(comms.into_iter().map(|c| c.finalize())).await.unwrap();
+        // A window: every future made first, then awaited together.
+        let before = direct(a).0;
+        let bufs: Vec<Vec<u8>> = (0..count).map(msg).collect();
+        let sends: Vec<_> = bufs.iter().map(|m| a.send(1, 6, m)).collect();
+        let window = direct(a).0 - before;
+        let (sent, ()) = futures::join!(futures::future::try_join_all(sends), check(6));
+        sent.unwrap();
+        // Only a pause of over 2 µs between making two of them writes another directly.
+        assert!(window <= 5, "{window} of a window of {count} written directly");
+        futures::future::try_join_all(comms.into_iter().map(|c| c.finalize())).await.unwrap();
+    }
+}
+
+/// A burst of small sends that complete at once (eager) and are never followed by
+/// a wait of the sending task before it finalizes still reaches the peer, whole and
+/// in order: the writer task sends them before the connection closes. Messages over
+/// `tcp_eager` are never eager. Each rank on a thread of its own.
+#[test]
+fn eager_sends_arrive_in_order_when_the_sender_finalizes_at_once() {
+    let port = free_port();
+    let count = 300;
+    let len = |i: usize| [1, 8, 100, 4096, 4097, 20_000][i % 6];
+    let sender = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut c = config(0, port);
+            c.stream.peer_timeout = Some(Duration::from_secs(5));
+            let comm = c.connect().await.unwrap();
+            let mut eager_big = 0;
+            for i in 0..count {
+                let before = comm.transport().tcp_eager_sends();
+                comm.send(1, 4, &random_bytes(len(i), 7 + i as u64)).await.unwrap();
+                if len(i) > 4096 {
+                    eager_big += comm.transport().tcp_eager_sends() - before;
+                }
+            }
+            let eager = comm.transport().tcp_eager_sends();
+            comm.finalize().await.unwrap();
+            (eager, eager_big)
+        })
+    });
+    let receiver = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut c = config(1, port);
+            c.stream.peer_timeout = Some(Duration::from_secs(5));
+            let comm = c.connect().await.unwrap();
+            for i in 0..count {
+                let got: Vec<u8> = comm.recv(0, 4).await.unwrap();
+                assert!(got == random_bytes(len(i), 7 + i as u64), "message {i} out of order or corrupted");
+            }
+            comm.finalize().await.unwrap();
+        });
+    });
+    let (eager, eager_big) = sender.join().unwrap();
+    receiver.join().unwrap();
+    assert_eq!(eager_big, 0, "messages over 4 KiB were sent eagerly");
+    assert!(eager >= 10, "only {eager} of {count} sends were eager");
 }
 
 /// A receive made after a send to the same peer (the other half of an exchange)
