@@ -121,11 +121,10 @@ impl<T: LocalTransport> Communicator<T> {
     /// Times every algorithm of allreduce, broadcast, allgather, reduce-scatter and
     /// alltoall at sizes from 8 bytes to `opts.max_bytes` (f32 sum), keeps the fastest
     /// at each size and uses that table for automatic selection from now on (forced
-    /// algorithms, per call or by environment, still win). Sizes are timed from the
-    /// largest down. The algorithms take turns within each round, each after a
-    /// barrier; an algorithm's time is the median over rounds of the slowest rank's,
-    /// so every rank decides alike. Passes after the first time only the contenders
-    /// (see [`TuneOptions::passes`]). Collective.
+    /// algorithms, per call or by environment, still win). The algorithms take turns
+    /// within each round, each after a barrier; an algorithm's time is the median over
+    /// rounds of the slowest rank's, so every rank decides alike. Passes after the
+    /// first time only the contenders (see [`TuneOptions::passes`]). Collective.
     ///
     /// Takes a few seconds for 16 MiB on loopback; the table is for this
     /// communicator's rank count (a split communicator falls back to the cost model).
@@ -163,20 +162,10 @@ impl<T: LocalTransport> Communicator<T> {
         // The first pass times every algorithm; later passes only the contenders
         // there (within `CONTEND` of the best at that size), twice as often, and
         // decide alone (see `CONTEND`).
-        //
-        // Each pass goes from the largest size down. On ranks that share processors
-        // a collective's time depends on what ran before it, not only on the links:
-        // on 4 ranks over 2 processors, recursive doubling's allgather of 64 KiB
-        // blocks took 1.3-1.8x the ring's time after a sweep of large broadcasts and
-        // 0.9-1.1x before (three runs of each), while the same links' exchanges
-        // timed alike in both. Timed upwards, the small sizes were measured before
-        // any large message had been sent, unlike in the job that follows; the
-        // selection benchmark then missed 2.2 cells a run (11 in 5 runs), and 1.0
-        // (10 in 10) timed downwards (BENCHMARKS.md, session 20).
         let passes = opts.passes.max(1);
         for pass in 0..passes {
             let r = |bytes: usize| if pass == 0 { reps(bytes) } else { 2 * reps(bytes) };
-            for (i, &bytes) in whole.iter().enumerate().rev() {
+            for (i, &bytes) in whole.iter().enumerate() {
                 let mut buf = vec![1.0f32; (bytes / 4).max(1)];
                 self.time_pass(&mut ar, i, pass, r(bytes), async |a| {
                     self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await
@@ -184,7 +173,7 @@ impl<T: LocalTransport> Communicator<T> {
                 .await?;
                 self.time_pass(&mut bc, i, pass, r(bytes), async |a| self.broadcast_with(&mut buf, 0, a).await).await?;
             }
-            for (i, &bytes) in block.iter().enumerate().rev() {
+            for (i, &bytes) in block.iter().enumerate() {
                 let c = (bytes / 4).max(1);
                 let (mine, mut all) = (vec![1.0f32; c], vec![0.0f32; n * c]);
                 let r = r(bytes * n);
