@@ -87,6 +87,8 @@ fn topo_prints_the_job_and_bad_variables_are_named() {
         ("HCOMM_TOPOLOGY", "/nonexistent/racks.toml", "cannot read the topology file /nonexistent/racks.toml"),
         ("HCOMM_POOL_BYTES", "lots", "HCOMM_POOL_BYTES"),
         ("HCOMM_BIND", "cores", "HCOMM_BIND=\"cores\" is not 0 or 1"),
+        ("HCOMM_TCP_EAGER", "128K", "HCOMM_TCP_EAGER=131072 is above 64K"),
+        ("HCOMM_TCP_EAGER", "small", "HCOMM_TCP_EAGER=\"small\" is not a size"),
     ] {
         let (ok, out) = topo(&[(var, value)]);
         assert!(!ok, "{var}={value} was accepted: {out}");
