@@ -108,11 +108,13 @@ pub struct StreamOptions {
     /// into its ring directly by its own means).
     pub tcp_direct: usize,
     /// Data messages of at most this many bytes (and not more than `tcp_direct`)
-    /// that come in a burst to a plain tokio TCP peer (within [`BURST_GAP`] of the
-    /// last direct write to it, with nothing heard from it since) are queued for the
-    /// writer task, which gathers them into one write, and their sends complete at
-    /// once, while fewer than [`EAGER_BACKLOG`] messages wait for that peer's writer
-    /// (the queue holds its own copy of each). The writer task runs when the
+    /// to a plain tokio TCP peer that are queued for the writer task rather than
+    /// written in the call complete their sends at once, while fewer than
+    /// [`EAGER_BACKLOG`] messages wait for that peer's writer (the queue holds its
+    /// own copy of each). Such a message is queued when it comes in a burst (within
+    /// [`BURST_GAP`] of the last direct write to the peer, with nothing heard from
+    /// it since, whether or not that send was awaited) or behind messages already
+    /// waiting for the writer, which gathers them into one write. The writer task runs when the
     /// executor next runs it: on a current-thread runtime, at the sending task's
     /// next wait. As MPI's eager sends, a completed send means the buffer may be
     /// reused, not that the bytes left the process; a connection that breaks after

@@ -605,11 +605,12 @@ impl<T: LocalTransport> Communicator<T> {
     /// once the kernel has all of it. Otherwise `data` is copied at the call and the
     /// future completes once the message is handed to the transport. A small message
     /// over a plain TCP connection (up to `HCOMM_TCP_EAGER` bytes, 4 KiB by default)
-    /// that comes in a burst (within 2 µs of the last one written to `dst`, with
-    /// nothing received from `dst` since) completes when its copy is queued, as an
-    /// MPI eager send: the connection's writer task writes the burst in one system
-    /// call when the executor next runs it (on a current-thread runtime, when this
-    /// task next waits).
+    /// that is queued rather than written in the call (it comes within 2 µs of the
+    /// last one written to `dst` with nothing received from `dst` since, or behind
+    /// messages already waiting for the connection's writer) completes when its copy
+    /// is queued, as an MPI eager send: the writer task writes what waits in one
+    /// system call when the executor next runs it (on a current-thread runtime, when
+    /// this task next waits).
     ///
     /// # Errors
     /// An invalid-argument error for `dst` out of range; a peer-failed error if the
