@@ -109,20 +109,20 @@ pub struct StreamOptions {
     pub tcp_direct: usize,
     /// Data messages of at most this many bytes (and not more than `tcp_direct`)
     /// to a plain tokio TCP peer that are queued for the writer task rather than
-    /// written in the call complete their sends at once, while fewer than
-    /// [`EAGER_BACKLOG`] messages wait for that peer's writer (the queue holds its
+    /// written in the call complete their sends at once, while fewer than 32
+    /// (`EAGER_BACKLOG`) messages wait for that peer's writer (the queue holds its
     /// own copy of each). Such a message is queued when it comes in a burst (within
-    /// [`BURST_GAP`] of the last direct write to the peer, with nothing heard from
-    /// it since, whether or not that send was awaited) or behind messages already
-    /// waiting for the writer, which gathers them into one write. The writer task runs when the
+    /// 2 µs of the last direct write to the peer, with nothing heard from it since,
+    /// whether or not that send was awaited) or behind messages already waiting for
+    /// the writer, which gathers them into one write. The writer task runs when the
     /// executor next runs it: on a current-thread runtime, at the sending task's
     /// next wait. As MPI's eager sends, a completed send means the buffer may be
     /// reused, not that the bytes left the process; a connection that breaks after
     /// that fails the operations that come after. Back-to-back 8 B-4 KiB broadcasts
-    /// from their root took 0.30-0.52x the time of one system call each on 2 ranks,
-    /// and 0.40-0.78x on 4 ranks sharing 2 processors; exchanges (allreduce,
-    /// latency) are not bursts and do not change (BENCHMARKS.md, session 20). Zero:
-    /// off (`HCOMM_TCP_EAGER`).
+    /// from their root took 0.31-0.46x their time without on 2 ranks, and
+    /// 0.47-0.83x on 4 ranks sharing 2 processors; exchanges (allreduce, latency)
+    /// are not bursts and do not change (BENCHMARKS.md, session 20). Zero: off
+    /// (`HCOMM_TCP_EAGER`).
     pub tcp_eager: usize,
 }
 
