@@ -574,17 +574,18 @@ impl Measured {
 /// root, algorithm) and every receive compares it with its own; but in these
 /// operations some ranks only send (a broadcast's root, a gather's leaves, a scan's
 /// rank 0), and a rank that waits for a message another rank's different arguments
-/// sent elsewhere would only see its deadline. The check adds one empty message per
-/// rank under the operation's signature.
+/// sent elsewhere would only see its deadline. The check adds one 24-byte record
+/// per rank (the operation's number and signature), posted lazily: over TCP the
+/// records of consecutive operations leave in one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArgCheck {
     /// No check message (`HCOMM_CHECK_ARGS=0`): the ranks that receive still find a
     /// mismatch in the data's signature; those that only send return `Ok`, and a
     /// rank waiting for a message that never comes waits for its deadline.
     Off,
-    /// The default (`HCOMM_CHECK_ARGS=1`): each rank sends its signature to the next
-    /// rank of the group and checks the previous one's, beside the data, without
-    /// waiting for it. A rank that finds a difference while the operation runs fails
+    /// The default (`HCOMM_CHECK_ARGS=1`): each rank sends a record of its signature
+    /// to the next rank of the group and checks the previous one's, beside the data,
+    /// without waiting for it. A rank that finds a difference while the operation runs fails
     /// it and aborts it on every rank; a rank whose operation ended before its
     /// neighbour's signature arrived checks it later, and a difference found then (or
     /// reported to it by another rank) fails the next collective it starts, with a

@@ -1,23 +1,25 @@
 //! A group of ranks over a transport, and the context of one operation on it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
 use hcomm_core::events;
-use hcomm_core::mailbox::{COMM_ABORT_SEQ, RecvFrame, encode_abort};
+use hcomm_core::mailbox::{COMM_ABORT_SEQ, encode_abort};
 use hcomm_core::{
     Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature,
 };
 use hcomm_topology::Topology;
 
 use crate::allreduce::{AllreduceAlgo, HierPlan, Layout, Tuning};
+use crate::checks::Checks;
 use crate::{AllgatherAlgo, AlltoallAlgo, BcastAlgo, ReduceScatterAlgo};
+use hcomm_core::wire::{RECORD_LEN, RECORDS_SEQ, encode_record};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -43,67 +45,8 @@ pub struct Group<T> {
     tuning: Tuning,
     /// The algorithms chosen lately, by collective and size: see [`ChoiceMemo`].
     memo: Memos,
-    /// Argument checks ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)) of operations that returned before
-    /// the previous rank's signature arrived, oldest first.
-    unchecked: Mutex<VecDeque<Unchecked>>,
-    /// Their number, read without the lock by every operation.
-    unchecked_len: AtomicUsize,
-    /// The mailbox's [`changes`](hcomm_core::Mailbox::changes) when `late_error` last
-    /// found the oldest of them still waiting ([`LOOK`] after the oldest changed):
-    /// nothing can have arrived for it while the mailbox reads the same.
-    late_seen: AtomicU64,
-}
-
-/// `Group::late_seen` when `late_error` must look.
-const LOOK: u64 = u64::MAX;
-
-/// The argument check of a finished operation: the receive of the previous rank's
-/// signature message (or its key, if none was posted), and what to compare it with.
-#[derive(Debug)]
-struct Unchecked {
-    seq: u64,
-    sig: Signature,
-    from: usize,
-    frame: Check,
-}
-
-/// The receive of an argument check message.
-#[derive(Debug)]
-pub(crate) enum Check {
-    /// Not posted (the operation ended in its first poll): the mailbox keeps the
-    /// message when it comes, and it is looked for there.
-    Unposted(MatchKey),
-    /// Posted (the operation waited), polled beside its work.
-    Posted(RecvFrame),
-}
-
-impl Check {
-    /// The receive, posted if it was not.
-    pub(crate) fn posted(&mut self, mailbox: &hcomm_core::Mailbox) -> &mut RecvFrame {
-        if let Check::Unposted(key) = self {
-            *self = Check::Posted(mailbox.recv_frame(*key).passive());
-        }
-        match self {
-            Check::Posted(frame) => frame,
-            Check::Unposted(_) => unreachable!("posted above"),
-        }
-    }
-
-    /// The outcome, if known, without waiting.
-    fn try_take(&mut self, mailbox: &hcomm_core::Mailbox) -> Option<Result<hcomm_core::Frame>> {
-        match self {
-            Check::Unposted(key) => mailbox.take_now(key),
-            Check::Posted(frame) => frame.try_take(),
-        }
-    }
-
-    /// The outcome, waited for.
-    async fn wait(self, mailbox: &hcomm_core::Mailbox) -> Result<hcomm_core::Frame> {
-        match self {
-            Check::Unposted(key) => mailbox.recv_frame(key).passive().await,
-            Check::Posted(frame) => frame.await,
-        }
-    }
+    /// The deferred argument checks ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)).
+    checks: Checks,
 }
 
 /// The last selections of one collective, by message size and float-ness, in a few
@@ -210,9 +153,7 @@ impl<T: LocalTransport> Group<T> {
             stall_warn: Some(DEFAULT_STALL_WARN),
             tuning,
             memo: Memos::default(),
-            unchecked: Mutex::new(VecDeque::new()),
-            unchecked_len: AtomicUsize::new(0),
-            late_seen: AtomicU64::new(LOOK),
+            checks: Checks::default(),
         };
         g.lay_out();
         g
@@ -467,91 +408,55 @@ impl<T: LocalTransport> Group<T> {
         Ok(self.subgroup(comm, &survivors).expect("the agreement keeps this rank"))
     }
 
-    /// Keeps the argument check of operation `seq` (signature `sig`), which
-    /// returned before group rank `from`'s signature arrived, for later.
-    pub(crate) fn defer_check(&self, seq: u64, sig: Signature, from: usize, frame: Check) {
-        let mut q = self.unchecked.lock();
-        if q.is_empty() {
-            // A new oldest, whose message may be in already.
-            self.late_seen.store(LOOK, Ordering::Relaxed);
-        }
-        q.push_back(Unchecked { seq, sig, from, frame });
-        self.unchecked_len.fetch_add(1, Ordering::Relaxed);
+    /// The argument check of operation `seq` (signature `sig`), whose work is done
+    /// ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)): done now if the previous
+    /// rank's record is here, else kept for when it comes.
+    ///
+    /// # Errors
+    /// A mismatch with the previous rank's record.
+    pub(crate) fn defer_check(&self, seq: u64, sig: Signature) -> Result<()> {
+        self.checks.defer(self, seq, sig)
     }
 
-    /// Looks at the argument checks of finished operations whose signature has
-    /// arrived since ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)), without waiting: the first mismatch
-    /// found, by this rank or reported by another, as an error of the operation it
-    /// belongs to. Such an operation is also aborted on every rank still in it.
+    /// The argument check of operation `seq` (signature `sig`) while it waits:
+    /// `Ready` when the previous rank's record came (a mismatch error if it differs)
+    /// or can no longer come, `Pending` with `cx` woken when records arrive.
+    pub(crate) fn poll_check(&self, seq: u64, sig: &Signature, cx: &std::task::Context<'_>) -> Poll<Result<()>> {
+        self.checks.poll_one(self, seq, sig, cx)
+    }
+
+    /// The rank whose argument check records this rank receives: the previous one
+    /// around the group (each rank sends its records to the next).
+    pub(crate) fn check_prev(&self) -> usize {
+        (self.me + self.size() - 1) % self.size()
+    }
+
+    /// Looks at the argument checks of finished operations whose records have
+    /// arrived since ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)), without
+    /// waiting: the first mismatch found, as an error of the operation it belongs
+    /// to (once). Such an operation is also aborted on every rank still in it.
     /// Every collective asks before it starts, and fails with that error.
     pub fn late_error(&self) -> Option<Error> {
-        if self.unchecked_len.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let mailbox = self.transport.mailbox();
-        let changes = mailbox.changes();
-        if self.late_seen.load(Ordering::Relaxed) == changes {
-            return None;
-        }
-        let mut found = None;
-        let mut q = self.unchecked.lock();
-        // Oldest first, up to the first still waiting: checks arrive about in the
-        // order of their operations, and every collective asks.
-        while let Some(c) = q.front_mut() {
-            let Some(got) = c.frame.try_take(mailbox) else { break };
-            let c = q.pop_front().expect("looked at above");
-            if let Some(e) = self.judge(c.seq, &c.sig, c.from, got) {
-                found.get_or_insert(e);
-            }
-        }
-        self.unchecked_len.store(q.len(), Ordering::Relaxed);
-        // Under the lock, so that a `defer_check` of a new oldest is not overwritten.
-        self.late_seen.store(if q.is_empty() { LOOK } else { changes }, Ordering::Relaxed);
-        found
+        self.checks.late_error(self)
     }
 
     /// Whether more than `keep` finished operations wait for their argument check.
     pub(crate) fn checks_over(&self, keep: usize) -> bool {
-        self.unchecked_len.load(Ordering::Relaxed) > keep
+        self.checks.over(keep)
     }
 
-    /// Waits until at most `keep` finished operations wait for their argument check
-    /// (oldest first), then returns [`Group::late_error`]'s error if there is one.
-    /// Dropped while it waits, it forgets the check it waited for.
+    /// Waits until at most `keep` finished operations wait for their argument check,
+    /// then returns [`Group::late_error`]'s error if there is one. Dropping the
+    /// future changes nothing: the checks stay for later.
     ///
     /// # Errors
     /// A mismatch found by a check, as an error of the operation it belongs to.
     pub async fn settle_checks(&self, keep: usize) -> Result<()> {
-        while self.unchecked_len.load(Ordering::Relaxed) > keep {
-            let popped = {
-                let mut q = self.unchecked.lock();
-                self.late_seen.store(LOOK, Ordering::Relaxed);
-                q.pop_front()
-            };
-            let Some(c) = popped else { break };
-            self.unchecked_len.fetch_sub(1, Ordering::Relaxed);
-            let Unchecked { seq, sig, from, frame } = c;
-            let got = frame.wait(self.transport.mailbox()).await;
-            if let Some(e) = self.judge(seq, &sig, from, got) {
-                return Err(e);
-            }
-        }
-        self.late_error().map_or(Ok(()), Err)
-    }
-
-    /// What a deferred check found: `None` if the signatures are equal, or if its
-    /// receive failed otherwise than by a mismatch (a peer's failure shows in the
-    /// operations that need that peer; this rank's part of the checked one was
-    /// done). A mismatch aborts the checked operation on every rank still in it.
-    fn judge(&self, seq: u64, sig: &Signature, from: usize, got: Result<hcomm_core::Frame>) -> Option<Error> {
-        let e = compare_signature(sig, from, got).err().filter(|e| e.kind() == ErrorKind::Mismatch)?;
-        let e = e.in_op(sig.op, Some(seq)).at_rank(self.me).note("found after this rank's call had returned");
-        self.abort_op(seq, sig.op, &e);
-        Some(e)
+        self.checks.settle(self, keep).await
     }
 
     /// Aborts operation `seq` (of kind `op`) here and, once, on every other rank.
-    fn abort_op(&self, seq: u64, op: OpKind, err: &Error) {
+    pub(crate) fn abort_op(&self, seq: u64, op: OpKind, err: &Error) {
         let t = &self.transport;
         if !t.mailbox().abort_op(self.comm, seq, err.clone()) {
             return;
@@ -837,19 +742,16 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         }
     }
 
-    /// The argument check message of group rank `from` (an empty message under
-    /// `tag`) in this operation, to compare with [`compare_signature`]: not posted.
-    pub(crate) fn unposted_check(&self, from: usize, tag: u32) -> Check {
-        Check::Unposted(MatchKey { src: self.g.world_rank(from), comm: self.g.comm, seq: self.seq, tag })
-    }
-
-    /// Posts this rank's argument check message (empty, under the operation's
+    /// Posts this rank's argument check record (this operation's number and
     /// signature) to group rank `to` under `tag`, lazily
-    /// ([`LocalTransport::post_lazy`]); not at all if the communicator was aborted.
+    /// ([`LocalTransport::post_lazy`]), in a signature record frame that a
+    /// transport may merge with the records posted before it
+    /// ([`RECORDS_SEQ`]); not at all if the communicator was aborted.
     pub(crate) fn post_check_lazy(&self, to: usize, tag: u32) {
         if self.g.aborted().is_none() {
-            let h = Header::data(self.g.world_rank(self.g.me), self.g.comm, self.seq, tag, &self.sig, 0);
-            self.g.transport.post_lazy(self.g.world_rank(to), h, Bytes::new());
+            let record = encode_record(self.seq, &self.sig);
+            let h = Header::data(self.g.world_rank(self.g.me), self.g.comm, RECORDS_SEQ, tag, &self.sig, RECORD_LEN);
+            self.g.transport.post_lazy(self.g.world_rank(to), h, &record);
         }
     }
 
@@ -1006,19 +908,13 @@ impl<T: LocalTransport> Drop for OpCtx<'_, T> {
 }
 
 /// A mismatch error if group rank `from`'s signature `theirs` differs from `ours`.
-fn same_signature(ours: &Signature, from: usize, theirs: Signature) -> Result<()> {
+pub(crate) fn same_signature(ours: &Signature, from: usize, theirs: Signature) -> Result<()> {
     if theirs == *ours {
         Ok(())
     } else {
         Err(Error::new(ErrorKind::Mismatch, format!("rank {from} called {theirs}, this rank called {ours}"))
             .with_peer(from))
     }
-}
-
-/// The outcome of an argument check's receive from group rank `from`: its failure,
-/// or a mismatch error if the signature differs from `ours`.
-pub(crate) fn compare_signature(ours: &Signature, from: usize, got: Result<hcomm_core::Frame>) -> Result<()> {
-    same_signature(ours, from, got?.header.signature())
 }
 
 /// The future of a send [`OpCtx::start_send`] started (or could not start), its

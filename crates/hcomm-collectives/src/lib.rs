@@ -56,6 +56,7 @@ macro_rules! algo_enum {
 }
 
 mod allreduce;
+mod checks;
 mod elem;
 mod exchange;
 mod group;
@@ -230,15 +231,15 @@ pub(crate) async fn agreed<T: LocalTransport, R>(
     }
 }
 
-/// [`ArgCheck::Deferred`]: each rank sends its signature to the next rank and
-/// checks the previous one's. If every rank compares equal with its predecessor
-/// around the ring, every signature is the same; otherwise at least one rank finds
-/// a difference. The check message's key depends on nothing but the operation's
-/// number, so it meets its receive whatever algorithm, root or length either side
-/// chose. A difference found while the operation runs fails it here (and
-/// `OpCtx::finish` aborts it on the others); a check that has not arrived when the
-/// operation's own work is done is handed to the group, which looks at it when a
-/// later collective starts ([`Group::late_error`]).
+/// [`ArgCheck::Deferred`]: each rank sends a record of the operation's number and
+/// signature to the next rank and checks the previous one's (see `checks`). If
+/// every rank compares equal with its predecessor around the ring, every signature
+/// is the same; otherwise at least one rank finds a difference. The records go
+/// under a key of their own, so they meet whatever algorithm, root or length either
+/// side chose. A difference found while the operation runs fails it here (and
+/// `OpCtx::finish` aborts it on the others); a record that has not arrived when
+/// the operation's own work is done is matched later, and a difference then fails
+/// the next collective ([`Group::late_error`]).
 async fn checked_later<T: LocalTransport, R>(
     ctx: &OpCtx<'_, T>,
     body: impl std::future::Future<Output = Result<R>>,
@@ -246,46 +247,36 @@ async fn checked_later<T: LocalTransport, R>(
     use std::task::Poll;
     let g = ctx.group();
     if g.checks_over(MAX_UNCHECKED - 1) {
-        // Rare, and on the heap: its future took 1 KiB of this one's 1.4, which every
-        // operation's future carried and copied (see `OpCtx::deadline`).
-        // (`OpCtx::deadline` has asked `late_error` just before, which
-        // `settle_checks` would ask again.)
+        // Rare, and on the heap, as other rare waits in every operation's future
+        // (see `OpCtx::deadline`, which has asked `late_error` just before).
         Box::pin(g.settle_checks(MAX_UNCHECKED - 1)).await?;
     }
-    let (me, n) = (ctx.rank(), ctx.size());
-    let prev = (me + n - 1) % n;
-    let mut check = Some(ctx.unposted_check(prev, AGREE_TAG));
+    let n = ctx.size();
     // Posted lazily: it leaves with this rank's next write to the next rank (the
     // data, when that goes there too), or within a millisecond or two
-    // (`LocalTransport::post_lazy`). Nobody waits for it: a rank that only receives
-    // does not pay a system call per operation to send it.
-    ctx.post_check_lazy((me + 1) % n, AGREE_TAG);
-    let mailbox = g.transport().mailbox();
+    // (`LocalTransport::post_lazy`), merged with the records of the operations
+    // around it. Nobody waits for it: a rank that only receives does not pay a
+    // system call per operation to send it.
+    ctx.post_check_lazy((ctx.rank() + 1) % n, AGREE_TAG);
     let mut work = std::pin::pin!(body);
-    let mut first = true;
+    let mut checked = false;
     let r = std::future::poll_fn(|cx| {
         let done = work.as_mut().poll(cx);
-        // Done in its first poll (a broadcast's root, say): the check's receive is
-        // not even posted; the mailbox keeps the message, and the group looks for it
-        // there later. A posted receive (a waiter, a channel, a wake-up on arrival)
-        // cost a 2-rank root of back-to-back 8 B broadcasts 0.15 µs per operation
-        // (3.94 µs against 3.79, medians of four alternated runs of 30 000).
-        if std::mem::take(&mut first) && done.is_ready() {
-            return done;
-        }
-        if let Some(c) = check.as_mut()
-            && let Poll::Ready(got) = std::pin::Pin::new(c.posted(mailbox)).poll(cx)
+        // While the work waits, so does the check, woken by the records' arrival.
+        if done.is_pending()
+            && !checked
+            && let Poll::Ready(r) = g.poll_check(ctx.seq(), ctx.signature(), cx)
         {
-            check = None;
-            if let Err(e) = group::compare_signature(ctx.signature(), prev, got) {
-                return Poll::Ready(Err(e));
-            }
+            checked = true;
+            r?;
         }
         done
     })
     .await?;
-    if let Some(c) = check {
-        g.defer_check(ctx.seq(), *ctx.signature(), prev, c);
+    if !checked {
+        // Done now if the record is here, else when it comes (a broadcast's root,
+        // done in its first poll, looks again only when records arrive).
+        g.defer_check(ctx.seq(), *ctx.signature())?;
     }
     Ok(r)
 }

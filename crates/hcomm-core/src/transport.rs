@@ -114,9 +114,11 @@ pub trait LocalTransport {
     /// (a millisecond or two) has passed, whichever comes first. For messages whose
     /// receiver does not wait for them (the deferred argument checks of rooted
     /// collectives), so that a rank that only receives does not pay a system call
-    /// per message to answer. By default, posted at once.
-    fn post_lazy(&self, peer: Rank, header: Header, payload: Bytes) {
-        self.post(peer, header, payload);
+    /// per message to answer. A transport that holds it may merge it into the last
+    /// frame it holds for `peer` if both are signature record frames of one key
+    /// ([`RECORDS_SEQ`](crate::wire::RECORDS_SEQ)). By default, posted at once.
+    fn post_lazy(&self, peer: Rank, header: Header, payload: &[u8]) {
+        self.post(peer, header, Bytes::copy_from_slice(payload));
     }
 
     /// Closes every connection in an orderly way: peers see a close frame, pending

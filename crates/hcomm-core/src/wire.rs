@@ -122,8 +122,18 @@ pub enum WireError {
     BadDType(u8),
     BadReduceOp(u8),
     Reserved,
-    TooLarge { msg_len: u64, frag_len: u32 },
-    BadFragment { offset: u64, frag_len: u32, msg_len: u64 },
+    TooLarge {
+        msg_len: u64,
+        frag_len: u32,
+    },
+    BadFragment {
+        offset: u64,
+        frag_len: u32,
+        msg_len: u64,
+    },
+    /// A payload of signature records whose length (the value) is not a whole
+    /// number of records.
+    BadRecordLen(usize),
 }
 
 impl fmt::Display for WireError {
@@ -143,6 +153,7 @@ impl fmt::Display for WireError {
             WireError::BadFragment { offset, frag_len, msg_len } => {
                 write!(f, "fragment {offset}+{frag_len} does not fit a message of {msg_len} bytes")
             }
+            WireError::BadRecordLen(n) => write!(f, "{n} bytes are not a whole number of {RECORD_LEN}-byte records"),
         }
     }
 }
@@ -172,6 +183,58 @@ fn codes(op: u8, dtype: u8, reduce: u8) -> Result<(OpKind, Option<DType>, Option
         c => Some(ReduceOp::from_code(c).ok_or(WireError::BadReduceOp(c))?),
     };
     Ok((op, dtype, reduce))
+}
+
+/// The sequence number of *signature record frames*: data frames whose payload is a
+/// run of [`RECORD_LEN`]-byte records, each an operation's sequence number and
+/// signature ([`encode_record`]). The deferred argument checks of the collectives
+/// send them. A transport that holds small frames back
+/// ([`post_lazy`](crate::LocalTransport::post_lazy)) may merge two such frames with
+/// the same key into one, their payloads concatenated in order: the receiver reads
+/// the records, not the frames. Collectives number their operations from 1, and
+/// [`COMM_ABORT_SEQ`](crate::mailbox::COMM_ABORT_SEQ) is `u64::MAX`, so no other
+/// frame has it.
+pub const RECORDS_SEQ: u64 = u64::MAX - 1;
+
+/// Length of one signature record: sequence number u64, count u64, operation kind
+/// u8, element type u8 (0: none), reduce operator u8 (0: none), algorithm u8, root
+/// u32 (`u32::MAX`: none); little-endian.
+pub const RECORD_LEN: usize = 24;
+
+/// The record of operation `seq` with signature `sig` (see [`RECORDS_SEQ`]).
+pub fn encode_record(seq: u64, sig: &Signature) -> [u8; RECORD_LEN] {
+    let mut b = [0u8; RECORD_LEN];
+    b[0..8].copy_from_slice(&seq.to_le_bytes());
+    b[8..16].copy_from_slice(&sig.count.to_le_bytes());
+    b[16] = sig.op as u8;
+    b[17] = sig.dtype.map_or(0, |d| d as u8);
+    b[18] = sig.reduce.map_or(0, |r| r as u8);
+    b[19] = sig.algo;
+    b[20..24].copy_from_slice(&sig.root.unwrap_or(NO_ROOT).to_le_bytes());
+    b
+}
+
+/// The records of a payload of [`encode_record`]s, in order. Never panics: a length
+/// that is not a whole number of records, or a code that names nothing, is an error.
+pub fn decode_records(b: &[u8]) -> Result<Vec<(u64, Signature)>, WireError> {
+    records(b)?.collect()
+}
+
+/// The records of a payload of [`encode_record`]s, one by one (no allocation): an
+/// error at once for a length that is not a whole number of records, and for each
+/// record whose codes name nothing.
+pub fn records(b: &[u8]) -> Result<impl Iterator<Item = Result<(u64, Signature), WireError>> + '_, WireError> {
+    if b.len() % RECORD_LEN != 0 {
+        return Err(WireError::BadRecordLen(b.len()));
+    }
+    Ok(b.chunks_exact(RECORD_LEN).map(|r| {
+        let (op, dtype, reduce) = codes(r[16], r[17], r[18])?;
+        let root = match u32_at(r, 20) {
+            NO_ROOT => None,
+            x => Some(x),
+        };
+        Ok((u64_at(r, 0), Signature { op, dtype, reduce, count: u64_at(r, 8), root, algo: r[19] }))
+    }))
 }
 
 impl Header {
@@ -410,6 +473,20 @@ mod tests {
         let mut b = h.encode();
         b[64..72].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(matches!(Header::decode(&b), Err(WireError::BadFragment { .. })));
+    }
+
+    #[test]
+    fn signature_records_round_trip_and_reject_bad_input() {
+        let a = sample().signature();
+        let b = Signature { root: Some(3), dtype: None, reduce: None, ..a };
+        let mut run = encode_record(7, &a).to_vec();
+        run.extend_from_slice(&encode_record(u64::MAX - 2, &b));
+        assert_eq!(decode_records(&run), Ok(vec![(7, a), (u64::MAX - 2, b)]));
+        assert_eq!(decode_records(&[]), Ok(vec![]));
+        assert_eq!(decode_records(&run[..30]), Err(WireError::BadRecordLen(30)));
+        let mut bad = run.clone();
+        bad[RECORD_LEN + 16] = 0xee;
+        assert_eq!(decode_records(&bad), Err(WireError::BadOpKind(0xee)));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use hcomm_core::wire::FrameKind;
+use hcomm_core::wire::{FrameKind, RECORDS_SEQ};
 use hcomm_core::{Error, ErrorKind, Frame, Header, Mailbox, OpKind, Rank, Result, Transport};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
@@ -154,6 +154,10 @@ pub const DEFAULT_TCP_EAGER: usize = 4 << 10;
 /// rounds it up to its millisecond tick).
 const LAZY_DELAY: Duration = Duration::from_micros(500);
 
+/// Largest payload a lazy frame of signature records grows to by taking in the
+/// records posted after it ([`Transport::post_lazy`]).
+const LAZY_RUN_MAX: usize = 64 << 10;
+
 /// Default of [`StreamOptions::tcp_direct`] (`HCOMM_TCP_DIRECT`).
 pub const DEFAULT_TCP_DIRECT: usize = 64 << 10;
 
@@ -260,8 +264,9 @@ pub(crate) struct Links {
     pub(crate) wire: Vec<Mutex<Vec<u8>>>,
     /// Per peer: small frames posted lazily ([`Transport::post_lazy`]), each with
     /// its `src` set, to go out with the next write to that peer (the writer task's,
-    /// or a direct one) or after [`LAZY_DELAY`].
-    lazy: Vec<Mutex<Vec<(Header, Bytes)>>>,
+    /// or a direct one) or after [`LAZY_DELAY`]. Signature record frames
+    /// ([`RECORDS_SEQ`]) with the key of the last frame in the list join it.
+    lazy: Vec<Mutex<Vec<(Header, BytesMut)>>>,
     /// Per peer: notified when its lazy frames were none, so that its writer task
     /// starts the delay.
     lazy_posted: Vec<tokio::sync::Notify>,
@@ -326,7 +331,7 @@ impl Links {
     }
 
     /// The frames posted lazily to `peer` so far, taken to be written.
-    fn take_lazy(&self, peer: Rank) -> Vec<(Header, Bytes)> {
+    fn take_lazy(&self, peer: Rank) -> Vec<(Header, BytesMut)> {
         std::mem::take(&mut *self.lazy[peer].lock())
     }
 
@@ -568,7 +573,7 @@ fn take_lazy(links: &Links, peer: Rank, q: &mut WriteQueue) -> bool {
     let _wire = links.wire[peer].lock();
     links.unwritten[peer].fetch_add(frames.len(), Ordering::Relaxed);
     for (h, payload) in frames {
-        q.push(Outgoing::new(h, payload, None));
+        q.push(Outgoing::new(h, payload.freeze(), None));
     }
     true
 }
@@ -1186,16 +1191,32 @@ impl Transport for StreamTransport {
     /// that peer takes it along (a direct write in the same system call), or until
     /// its writer task's delay (`LAZY_DELAY`, 0.5 ms) is over. To ourselves, and to peers
     /// over shared memory or several connections, it is posted at once.
-    fn post_lazy(&self, peer: Rank, mut header: Header, payload: Bytes) {
+    fn post_lazy(&self, peer: Rank, mut header: Header, payload: &[u8]) {
         if peer >= self.size || self.links[peer].is_none() || self.direct[peer].is_some() {
-            return self.post(peer, header, payload);
+            return self.post(peer, header, Bytes::copy_from_slice(payload));
         }
         if self.mailbox.peer_failure(peer).is_some() {
             return;
         }
         header.src = self.rank as u32;
         let mut lazy = self.shared.lazy[peer].lock();
-        lazy.push((header, payload));
+        // A run of signature records joins the last frame if it is one of the same
+        // key: a broadcast's root posts one record per operation, and one frame of a
+        // hundred records costs the writer and the reader one frame's work.
+        if let Some((last, run)) = lazy.last_mut()
+            && header.seq == RECORDS_SEQ
+            && header.kind == FrameKind::Data
+            && (last.seq, last.kind, last.comm, last.tag) == (header.seq, header.kind, header.comm, header.tag)
+            && run.len() + payload.len() <= LAZY_RUN_MAX
+        {
+            run.extend_from_slice(payload);
+            last.msg_len = run.len() as u64;
+            return;
+        }
+        // Room for a few dozen records to join it.
+        let mut run = BytesMut::with_capacity(if header.seq == RECORDS_SEQ { 1 << 10 } else { payload.len() });
+        run.extend_from_slice(payload);
+        lazy.push((header, run));
         if lazy.len() == 1 {
             self.shared.lazy_posted[peer].notify_one();
         }

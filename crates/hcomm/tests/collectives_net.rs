@@ -259,3 +259,63 @@ fn uring_collectives() {
         mismatched_rooted(&mut comms).await;
     });
 }
+
+/// The deferred argument checks over a long run of small broadcasts on 4 ranks over
+/// TCP, where the root runs ahead by more than `MAX_UNCHECKED` operations and the
+/// records travel merged (one frame for many operations): every operation before a
+/// mismatch returns `Ok` with the root's data; the mismatch (the last rank's buffer
+/// one element longer in one operation) fails that operation on the last rank, and
+/// the root, which checks the last rank's records, reports it by the operation's
+/// sequence number in a later call; nothing times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_deferred_checks_over_a_long_run() {
+    const OPS: usize = 2600;
+    const ODD: usize = 2100;
+    let comms = hcomm::local_tcp(4).await.unwrap();
+    let n = comms.len();
+    let runs = comms.iter().map(|c| async move {
+        let mut out = Vec::with_capacity(OPS);
+        for i in 0..OPS {
+            let len = if c.rank() == n - 1 && i == ODD { 3 } else { 2 };
+            let mut buf = vec![if c.rank() == 0 { i as u32 } else { u32::MAX }; len];
+            let r = c.broadcast(&mut buf, 0).await;
+            out.push(r.map(|()| buf));
+        }
+        (out, c.settle_checks().await)
+    });
+    let results = join_all(runs).await;
+    let odd_seq = match &results[n - 1].0[ODD] {
+        Err(e) => {
+            assert!(e.is_mismatch() && e.op() == Some(hcomm::OpKind::Broadcast), "{e}");
+            e.seq().expect("the error names its operation")
+        }
+        Ok(_) => panic!("the last rank's odd operation returned Ok"),
+    };
+    for (r, (out, settled)) in results.iter().enumerate() {
+        for (i, res) in out.iter().enumerate() {
+            match res {
+                Ok(buf) => assert_eq!(buf, &vec![i as u32; 2], "rank {r}, operation {i}: Ok with the root's data"),
+                Err(e) => {
+                    assert!(i >= ODD, "rank {r}, operation {i} failed before the odd one: {e}");
+                    assert!(e.is_mismatch(), "rank {r}, operation {i}: only mismatches: {e}");
+                }
+            }
+        }
+        if let Err(e) = settled {
+            assert!(e.is_mismatch(), "rank {r}, settle_checks: {e}");
+        }
+    }
+    // The root found it from the last rank's record (in a later broadcast, or in
+    // `settle_checks`), under the odd operation's number.
+    let (out, settled) = &results[0];
+    let found = out.iter().filter_map(|r| r.as_ref().err()).chain(settled.as_ref().err());
+    assert!(
+        found.into_iter().any(|e| e.seq() == Some(odd_seq)),
+        "the root did not report operation {odd_seq}: {:?}",
+        out.iter().filter_map(|r| r.as_ref().err()).map(|e| e.to_string()).collect::<Vec<_>>()
+    );
+    // The communicator carries on.
+    let mut bufs = vec![vec![5u16; 3]; n];
+    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, n - 1))).await;
+    res.into_iter().for_each(|r| r.unwrap());
+}

@@ -32,7 +32,7 @@ async fn lazy_frames_arrive_alone_and_along_with_other_writes() {
     let wait = Duration::from_secs(20);
 
     // Alone: nothing else goes to rank 1, so only the writer task's delay sends it.
-    ta.post_lazy(1, header(1, 5), Bytes::from_static(b"alone"));
+    ta.post_lazy(1, header(1, 5), b"alone");
     let f = tokio::time::timeout(wait, mb.recv(key(1))).await.expect("the delay sends it").unwrap();
     assert_eq!(&f.payload[..], b"alone");
     assert_eq!(f.header.signature(), Signature::bare(OpKind::Barrier, 1));
@@ -46,7 +46,7 @@ async fn lazy_frames_arrive_alone_and_along_with_other_writes() {
         let first = seq;
         for i in 0..(round % 4 + 1) {
             let payload = Bytes::from(random_bytes((round * 7 + i) as usize % 40, round * 10 + i));
-            ta.post_lazy(1, header(seq, payload.len()), payload);
+            ta.post_lazy(1, header(seq, payload.len()), &payload);
             seq += 1;
         }
         let burst = if round % 2 == 0 { 1 } else { 6 };
@@ -71,4 +71,45 @@ async fn lazy_frames_arrive_alone_and_along_with_other_writes() {
     // The point-to-point sends of odd rounds went directly, with lazy frames in front.
     let (whole, _) = a.transport().tcp_direct_writes();
     assert!(whole > 0, "no direct write took place");
+}
+
+/// Signature record frames (`RECORDS_SEQ`) posted lazily one after another with the
+/// same key leave merged, their records in order; a frame of another key in between
+/// starts a new one, and lazy frames of other sequence numbers are never merged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_record_frames_of_one_key_merge_in_order() {
+    use hcomm_core::wire::{RECORD_LEN, RECORDS_SEQ, decode_records, encode_record};
+    let comms = hcomm::local_tcp(2).await.unwrap();
+    let (ta, mb) = (comms[0].transport(), comms[1].transport().mailbox().clone());
+    let wait = Duration::from_secs(20);
+    let sig = |seq: u64| Signature::bare(OpKind::Broadcast, seq * 3);
+    let post = |comm: u64, seq: u64| {
+        let h = Header::data(0, comm, RECORDS_SEQ, 9, &sig(seq), RECORD_LEN);
+        ta.post_lazy(1, h, &encode_record(seq, &sig(seq)));
+    };
+    // 100 records, one of another communicator, 50 more, then two plain lazy frames
+    // with one key: within the writer's delay, unless this task is held up.
+    (1..=100).for_each(|s| post(COMM, s));
+    post(COMM + 1, 1000);
+    (101..=150).for_each(|s| post(COMM, s));
+    ta.post_lazy(1, header(5, 1), b"a");
+    ta.post_lazy(1, header(5, 1), b"b");
+    let records_key = |comm| MatchKey { src: 0, comm, seq: RECORDS_SEQ, tag: 9 };
+    let (mut frames, mut records) = (0, Vec::new());
+    while records.len() < 150 {
+        let f = tokio::time::timeout(wait, mb.recv(records_key(COMM))).await.expect("records").unwrap();
+        records.extend(decode_records(&f.payload).unwrap());
+        frames += 1;
+    }
+    assert_eq!(records, (1..=150).map(|s| (s, sig(s))).collect::<Vec<_>>());
+    // At least the other communicator's record splits them; a writer's delay that
+    // ran out while they were posted may split them more, but not into one each.
+    assert!((2..150).contains(&frames), "{frames} frames");
+    let other = tokio::time::timeout(wait, mb.recv(records_key(COMM + 1))).await.expect("records").unwrap();
+    assert_eq!(decode_records(&other.payload).unwrap(), vec![(1000, sig(1000))]);
+    for want in [b"a", b"b"] {
+        let f = tokio::time::timeout(wait, mb.recv(key(5))).await.expect("lazy frame").unwrap();
+        assert_eq!(&f.payload[..], want);
+    }
+    assert!(mb.take_now(&records_key(COMM)).is_none(), "nothing else under the records' key");
 }
