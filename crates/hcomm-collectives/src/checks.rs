@@ -71,7 +71,7 @@ impl Checks {
     /// or else kept to be matched when the record comes.
     pub(crate) fn defer<T: LocalTransport>(&self, g: &Group<T>, seq: u64, sig: Signature) -> Result<()> {
         let mut out = Ok(());
-        let aborts = self.with(g, None, |s, _| {
+        let aborts = self.with(g, None, |s| {
             if let Some(theirs) = s.take_theirs(seq) {
                 out = same(g, &sig, theirs);
             } else if !s.ended {
@@ -93,7 +93,7 @@ impl Checks {
         cx: &Context<'_>,
     ) -> Poll<Result<()>> {
         let mut out = Poll::Pending;
-        let aborts = self.with(g, Some(cx), |s, _| {
+        let aborts = self.with(g, Some(cx), |s| {
             if let Some(theirs) = s.take_theirs(seq) {
                 out = Poll::Ready(same(g, sig, theirs));
             } else if s.ended {
@@ -111,7 +111,7 @@ impl Checks {
             return None;
         }
         let mut found = None;
-        let aborts = self.with(g, None, |s, _| found = s.found.take());
+        let aborts = self.with(g, None, |s| found = s.found.take());
         abort_all(g, aborts);
         found
     }
@@ -126,7 +126,7 @@ impl Checks {
     pub(crate) async fn settle<T: LocalTransport>(&self, g: &Group<T>, keep: usize) -> Result<()> {
         std::future::poll_fn(|cx| {
             let mut out = Poll::Pending;
-            let aborts = self.with(g, Some(cx), |s, _| {
+            let aborts = self.with(g, Some(cx), |s| {
                 if let Some(e) = s.found.take() {
                     out = Poll::Ready(Err(e));
                 } else if s.mine.len() <= keep || s.ended {
@@ -146,7 +146,7 @@ impl Checks {
         &self,
         g: &Group<T>,
         cx: Option<&Context<'_>>,
-        f: impl FnOnce(&mut State, &mut Vec<Abort>),
+        f: impl FnOnce(&mut State),
     ) -> Vec<Abort> {
         let mut aborts = Vec::new();
         let mut s = self.state.lock();
@@ -154,7 +154,7 @@ impl Checks {
             self.wake.add(cx.waker());
         }
         self.take_in(g, &mut s, cx.is_some(), &mut aborts);
-        f(&mut s, &mut aborts);
+        f(&mut s);
         self.open.store(s.mine.len() + usize::from(s.found.is_some()), Ordering::Relaxed);
         aborts
     }

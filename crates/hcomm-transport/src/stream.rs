@@ -158,6 +158,13 @@ const LAZY_DELAY: Duration = Duration::from_micros(500);
 /// records posted after it ([`Transport::post_lazy`]).
 const LAZY_RUN_MAX: usize = 64 << 10;
 
+/// A lazy frame of signature records this long is sent without waiting for
+/// [`LAZY_DELAY`]: a broadcast's root posts a record per operation, about one a
+/// microsecond, and the rank that receives them holds every operation that has not
+/// met its record (up to `MAX_UNCHECKED` of the collectives, where the root then
+/// waits).
+const LAZY_RUN_FLUSH: usize = 4 << 10;
+
 /// Default of [`StreamOptions::tcp_direct`] (`HCOMM_TCP_DIRECT`).
 pub const DEFAULT_TCP_DIRECT: usize = 64 << 10;
 
@@ -270,6 +277,10 @@ pub(crate) struct Links {
     /// Per peer: notified when its lazy frames were none, so that its writer task
     /// starts the delay.
     lazy_posted: Vec<tokio::sync::Notify>,
+    /// Per peer: notified when a frame of records in its lazy list reached
+    /// [`LAZY_RUN_FLUSH`] bytes, so that its writer task sends them without waiting
+    /// for the delay.
+    lazy_full: Vec<tokio::sync::Notify>,
     tasks: Mutex<Vec<PeerTasks>>,
     /// Per peer: its bundle, if it is reached over several connections (for the
     /// watchdog's report of a silent peer).
@@ -311,6 +322,7 @@ impl Links {
             wire: (0..size).map(|_| Mutex::new(Vec::new())).collect(),
             lazy: (0..size).map(|_| Mutex::new(Vec::new())).collect(),
             lazy_posted: (0..size).map(|_| tokio::sync::Notify::new()).collect(),
+            lazy_full: (0..size).map(|_| tokio::sync::Notify::new()).collect(),
             tasks: Mutex::new(vec![PeerTasks::default(); size]),
             bundles: Mutex::new(vec![None; size]),
             closed: AtomicBool::new(false),
@@ -1209,8 +1221,12 @@ impl Transport for StreamTransport {
             && (last.seq, last.kind, last.comm, last.tag) == (header.seq, header.kind, header.comm, header.tag)
             && run.len() + payload.len() <= LAZY_RUN_MAX
         {
+            let before = run.len();
             run.extend_from_slice(payload);
             last.msg_len = run.len() as u64;
+            if before < LAZY_RUN_FLUSH && run.len() >= LAZY_RUN_FLUSH {
+                self.shared.lazy_full[peer].notify_one();
+            }
             return;
         }
         // Room for a few dozen records to join it.
@@ -1474,6 +1490,13 @@ async fn write_loop<L: WriteLink>(
                 () = links.lazy_posted[peer].notified(), if lazy_due.is_none() => {
                     lazy_due = Some(tokio::time::Instant::now() + LAZY_DELAY);
                     continue;
+                }
+                () = links.lazy_full[peer].notified() => {
+                    lazy_due = None;
+                    if !take_lazy(&links, peer, &mut q) {
+                        continue;
+                    }
+                    None
                 }
                 () = tokio::time::sleep_until(lazy_due.unwrap_or_else(tokio::time::Instant::now)), if lazy_due.is_some() => {
                     lazy_due = None;
