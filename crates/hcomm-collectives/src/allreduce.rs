@@ -585,12 +585,12 @@ pub enum ArgCheck {
     Off,
     /// The default (`HCOMM_CHECK_ARGS=1`): each rank sends a record of its signature
     /// to the next rank of the group and checks the previous one's, beside the data,
-    /// without waiting for it. A rank that finds a difference while the operation runs fails
-    /// it and aborts it on every rank; a rank whose operation ended before its
-    /// neighbour's signature arrived checks it later, and a difference found then (or
-    /// reported to it by another rank) fails the next collective it starts, with a
-    /// mismatch error naming the operation at fault (that operation is aborted on
-    /// every rank still in it, and the next one on every rank). A root thus runs
+    /// without waiting for it. A rank that finds a difference while the operation runs
+    /// fails it and aborts it on every rank; a rank whose operation ended before its
+    /// neighbour's record arrived checks it later, and a difference found then fails
+    /// the next collective it starts, with a mismatch error naming the operation at
+    /// fault (that operation is aborted on every rank still in it, and the next one
+    /// on every rank, whose error then carries the finder's message). A root thus runs
     /// ahead into its next broadcast as in MPI. At most [`MAX_UNCHECKED`]
     /// operations wait for their check at once; `Communicator::finalize` (crate
     /// `hcomm`) waits for the last ones.
