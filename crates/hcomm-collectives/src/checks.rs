@@ -31,11 +31,6 @@ use parking_lot::Mutex;
 
 use crate::group::Group;
 
-/// At most this many records of the previous rank wait for their operation here;
-/// older ones are dropped (they belong to operations that failed or were cancelled
-/// on this rank, which never look for them).
-const THEIRS_MAX: usize = 4 * crate::MAX_UNCHECKED;
-
 /// The checks of one group.
 #[derive(Debug, Default)]
 pub(crate) struct Checks {
@@ -51,8 +46,12 @@ pub(crate) struct Checks {
 struct State {
     /// This rank's operations that returned before the previous rank's record came.
     mine: VecDeque<(u64, Signature)>,
-    /// The previous rank's records that no operation here has looked for yet.
+    /// The previous rank's records that no operation here has looked for yet. As
+    /// many as the previous rank runs ahead, which the transports' buffers bound.
     theirs: VecDeque<(u64, Signature)>,
+    /// Operations that failed or were cancelled here before their record came: it
+    /// is dropped when it does.
+    forgotten: VecDeque<u64>,
     /// A mismatch found after its operation returned here, for the next collective.
     found: Option<Error>,
     /// The receive of the previous rank's next frame of records.
@@ -102,6 +101,17 @@ impl Checks {
         });
         abort_all(g, aborts);
         out
+    }
+
+    /// Operation `seq` failed or was cancelled here before its check: the previous
+    /// rank's record of it is not wanted.
+    pub(crate) fn forget<T: LocalTransport>(&self, g: &Group<T>, seq: u64) {
+        let aborts = self.with(g, None, |s| {
+            if s.take_theirs(seq).is_none() && !s.ended {
+                s.forgotten.push_back(seq);
+            }
+        });
+        abort_all(g, aborts);
     }
 
     /// The mismatch found after its operation had returned, if any (once), looking
@@ -199,6 +209,7 @@ impl Checks {
             if let Err(e) = taken {
                 s.ended = true;
                 s.mine.clear();
+                s.forgotten.clear();
                 // A malformed frame is this rank's to report; a failure (of the peer,
                 // the communicator) shows in the operations it concerns.
                 if e.kind() == ErrorKind::Protocol {
@@ -227,12 +238,12 @@ impl State {
                     aborts.push(a);
                 }
             }
-            None => {
-                if self.theirs.len() == THEIRS_MAX {
-                    self.theirs.pop_front();
+            None => match self.forgotten.iter().position(|&s| s == seq) {
+                Some(i) => {
+                    self.forgotten.remove(i);
                 }
-                self.theirs.push_back((seq, theirs));
-            }
+                None => self.theirs.push_back((seq, theirs)),
+            },
         }
     }
 }

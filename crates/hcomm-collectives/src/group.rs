@@ -408,23 +408,6 @@ impl<T: LocalTransport> Group<T> {
         Ok(self.subgroup(comm, &survivors).expect("the agreement keeps this rank"))
     }
 
-    /// The argument check of operation `seq` (signature `sig`), whose work is done
-    /// ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)): done now if the previous
-    /// rank's record is here, else kept for when it comes.
-    ///
-    /// # Errors
-    /// A mismatch with the previous rank's record.
-    pub(crate) fn defer_check(&self, seq: u64, sig: Signature) -> Result<()> {
-        self.checks.defer(self, seq, sig)
-    }
-
-    /// The argument check of operation `seq` (signature `sig`) while it waits:
-    /// `Ready` when the previous rank's record came (a mismatch error if it differs)
-    /// or can no longer come, `Pending` with `cx` woken when records arrive.
-    pub(crate) fn poll_check(&self, seq: u64, sig: &Signature, cx: &std::task::Context<'_>) -> Poll<Result<()>> {
-        self.checks.poll_one(self, seq, sig, cx)
-    }
-
     /// The rank whose argument check records this rank receives: the previous one
     /// around the group (each rank sends its records to the next).
     pub(crate) fn check_prev(&self) -> usize {
@@ -544,6 +527,10 @@ pub struct OpCtx<'g, T: LocalTransport> {
     /// Bytes this rank sent and received in the operation.
     moved: AtomicU64,
     done: AtomicBool,
+    /// This rank posted its argument check record and has not yet matched the
+    /// previous rank's, nor handed the check to the group (`ArgCheck::Deferred`): an
+    /// operation that fails or is dropped so tells the group to drop that record.
+    check_open: AtomicBool,
 }
 
 impl<'g, T: LocalTransport> OpCtx<'g, T> {
@@ -560,6 +547,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
             waiting: Mutex::new(BTreeMap::new()),
             moved: AtomicU64::new(0),
             done: AtomicBool::new(false),
+            check_open: AtomicBool::new(false),
         }
     }
 
@@ -749,9 +737,40 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// ([`RECORDS_SEQ`]); not at all if the communicator was aborted.
     pub(crate) fn post_check_lazy(&self, to: usize, tag: u32) {
         if self.g.aborted().is_none() {
+            self.check_open.store(true, Ordering::Relaxed);
             let record = encode_record(self.seq, &self.sig);
             let h = Header::data(self.g.world_rank(self.g.me), self.g.comm, RECORDS_SEQ, tag, &self.sig, RECORD_LEN);
             self.g.transport.post_lazy(self.g.world_rank(to), h, &record);
+        }
+    }
+
+    /// The argument check of this operation while it waits
+    /// ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)): `Ready` when the previous
+    /// rank's record came (a mismatch error if it differs) or can no longer come,
+    /// `Pending` with `cx` woken when records arrive.
+    pub(crate) fn poll_check(&self, cx: &std::task::Context<'_>) -> Poll<Result<()>> {
+        let r = self.g.checks.poll_one(self.g, self.seq, &self.sig, cx);
+        if r.is_ready() {
+            self.check_open.store(false, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The argument check of this operation, whose work is done: done now if the
+    /// previous rank's record is here, else handed to the group for when it comes.
+    ///
+    /// # Errors
+    /// A mismatch with the previous rank's record.
+    pub(crate) fn defer_check(&self) -> Result<()> {
+        self.check_open.store(false, Ordering::Relaxed);
+        self.g.checks.defer(self.g, self.seq, self.sig)
+    }
+
+    /// An operation that fails or is dropped before its check: the previous rank's
+    /// record of it is dropped when it comes.
+    fn close_check(&self) {
+        if self.check_open.swap(false, Ordering::Relaxed) {
+            self.g.checks.forget(self.g, self.seq);
         }
     }
 
@@ -855,6 +874,9 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// operation on every other rank (once).
     pub fn finish<R>(self, r: Result<R>) -> Result<R> {
         self.done.store(true, Ordering::Release);
+        if r.is_err() {
+            self.close_check();
+        }
         self.report_done(r.is_ok());
         r.map_err(|e| {
             let e = e.in_op(self.sig.op, Some(self.seq)).at_rank(self.g.me);
@@ -897,6 +919,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
 impl<T: LocalTransport> Drop for OpCtx<'_, T> {
     fn drop(&mut self) {
         if !self.done.load(Ordering::Acquire) {
+            self.close_check();
             let e = Error::new(ErrorKind::Aborted, "the operation was cancelled (its future was dropped)")
                 .in_op(self.sig.op, Some(self.seq))
                 .at_rank(self.g.me);

@@ -220,16 +220,29 @@ pub const MAX_UNCHECKED: usize = 1024;
 
 /// Runs `body`, an operation in which some ranks only send (so that they alone would
 /// never see a peer's different signature), with the argument check the group's
-/// tuning asks for ([`ArgCheck`]).
-pub(crate) async fn agreed<T: LocalTransport, R>(
-    ctx: &OpCtx<'_, T>,
-    body: impl std::future::Future<Output = Result<R>>,
-) -> Result<R> {
-    match ctx.group().tuning().check_args {
-        _ if ctx.size() == 1 => body.await,
-        ArgCheck::Off => body.await,
-        ArgCheck::Deferred => checked_later(ctx, body).await,
-        ArgCheck::Sync => checked_now(ctx, body).await,
+/// tuning asks for ([`ArgCheck`]). Under the deferred check, this rank's record goes
+/// to the next rank at this call, before anything can fail the operation here (a
+/// mismatch an earlier check found, say): the next rank may have finished the
+/// operation already, and its check waits for the record.
+pub(crate) fn agreed<'c, T: LocalTransport, R>(
+    ctx: &'c OpCtx<'_, T>,
+    body: impl std::future::Future<Output = Result<R>> + 'c,
+) -> impl std::future::Future<Output = Result<R>> + 'c {
+    let check = if ctx.size() == 1 { ArgCheck::Off } else { ctx.group().tuning().check_args };
+    if check == ArgCheck::Deferred {
+        // Posted lazily: it leaves with this rank's next write to the next rank (the
+        // data, when that goes there too), or within a millisecond or two
+        // (`LocalTransport::post_lazy`), merged with the records of the operations
+        // around it. Nobody waits for it: a rank that only receives does not pay a
+        // system call per operation to send it.
+        ctx.post_check_lazy((ctx.rank() + 1) % ctx.size(), AGREE_TAG);
+    }
+    async move {
+        match check {
+            ArgCheck::Off => body.await,
+            ArgCheck::Deferred => checked_later(ctx, body).await,
+            ArgCheck::Sync => checked_now(ctx, body).await,
+        }
     }
 }
 
@@ -253,13 +266,6 @@ async fn checked_later<T: LocalTransport, R>(
         // (see `OpCtx::deadline`, which has asked `late_error` just before).
         Box::pin(g.settle_checks(MAX_UNCHECKED - 1)).await?;
     }
-    let n = ctx.size();
-    // Posted lazily: it leaves with this rank's next write to the next rank (the
-    // data, when that goes there too), or within a millisecond or two
-    // (`LocalTransport::post_lazy`), merged with the records of the operations
-    // around it. Nobody waits for it: a rank that only receives does not pay a
-    // system call per operation to send it.
-    ctx.post_check_lazy((ctx.rank() + 1) % n, AGREE_TAG);
     let mut work = std::pin::pin!(body);
     let mut checked = false;
     let r = std::future::poll_fn(|cx| {
@@ -267,7 +273,7 @@ async fn checked_later<T: LocalTransport, R>(
         // While the work waits, so does the check, woken by the records' arrival.
         if done.is_pending()
             && !checked
-            && let Poll::Ready(r) = g.poll_check(ctx.seq(), ctx.signature(), cx)
+            && let Poll::Ready(r) = ctx.poll_check(cx)
         {
             checked = true;
             r?;
@@ -278,7 +284,7 @@ async fn checked_later<T: LocalTransport, R>(
     if !checked {
         // Done now if the record is here, else when it comes (a broadcast's root,
         // done in its first poll, looks again only when records arrive).
-        g.defer_check(ctx.seq(), *ctx.signature())?;
+        ctx.defer_check()?;
     }
     Ok(r)
 }

@@ -319,3 +319,38 @@ async fn tcp_deferred_checks_over_a_long_run() {
     let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, n - 1))).await;
     res.into_iter().for_each(|r| r.unwrap());
 }
+
+/// A rank whose deferred check finds a mismatch after its call returned fails its
+/// next rooted collective before that one does anything; it still sends its
+/// argument check record of it, so the next rank (a root that returned at once and
+/// waits for that record) settles its checks instead of waiting for its deadline.
+#[tokio::test(flavor = "current_thread")]
+async fn a_rank_failed_by_a_late_mismatch_still_sends_its_record() {
+    let comms = hcomm::local(3);
+    // Operation A: rank 1's buffer is longer. Rank 2 (checking rank 1's record) is
+    // polled before rank 1, so that it returns before the record comes.
+    let mut bufs: Vec<Vec<u32>> = (0..3).map(|r| vec![r as u32; if r == 1 { 11 } else { 10 }]).collect();
+    let mut a: Vec<_> = bufs.iter_mut().enumerate().map(|(r, b)| Some((r, b))).collect();
+    let order = [0, 2, 1];
+    let first = join_all(order.iter().map(|&r| {
+        let (r, b) = a[r].take().unwrap();
+        comms[r].broadcast(b, 0)
+    }))
+    .await;
+    assert!(first[0].is_ok() && first[1].is_ok(), "ranks 0 and 2 returned: {first:?}");
+    assert!(first[2].as_ref().is_err_and(hcomm::Error::is_mismatch), "rank 1 failed: {:?}", first[2]);
+    // Operation B: rank 2 finds A's mismatch as B begins, and fails it.
+    let mut bufs = vec![vec![7u32; 4]; 3];
+    let second = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, 0))).await;
+    let e = second[2].as_ref().expect_err("rank 2 fails B with A's mismatch");
+    assert!(e.is_mismatch() && e.seq() == first[2].as_ref().unwrap_err().seq(), "{e}");
+    // Every rank's checks settle: the root's wait for rank 2's record of B ends.
+    let settled = tokio::time::timeout(Duration::from_secs(20), join_all(comms.iter().map(|c| c.settle_checks())))
+        .await
+        .expect("the checks settled");
+    for (r, s) in settled.iter().enumerate() {
+        if let Err(e) = s {
+            assert!(e.is_mismatch(), "rank {r}: {e}");
+        }
+    }
+}
