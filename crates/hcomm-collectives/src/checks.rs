@@ -31,6 +31,10 @@ use parking_lot::Mutex;
 
 use crate::group::Group;
 
+/// How often a wait for the previous rank's records ([`Checks::settle`]) looks for
+/// aborted operations among those it waits for.
+const ABORT_LOOK: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The checks of one group.
 #[derive(Debug, Default)]
 pub(crate) struct Checks {
@@ -59,6 +63,9 @@ struct State {
     /// No more records can come (the previous rank failed, the communicator closed
     /// or was aborted): open checks are given up, as a failed check's receive was.
     ended: bool,
+    /// The mailbox's [`op_aborts`](hcomm_core::Mailbox::op_aborts) when `mine` was
+    /// last rid of aborted operations.
+    aborts_seen: u64,
 }
 
 /// A mismatch to abort on every rank once the lock is released.
@@ -132,21 +139,26 @@ impl Checks {
     }
 
     /// Waits until at most `keep` operations wait for their check, or a mismatch was
-    /// found (its error).
+    /// found (its error). It looks again every [`ABORT_LOOK`] for aborted operations,
+    /// whose records may never come.
     pub(crate) async fn settle<T: LocalTransport>(&self, g: &Group<T>, keep: usize) -> Result<()> {
-        std::future::poll_fn(|cx| {
-            let mut out = Poll::Pending;
-            let aborts = self.with(g, Some(cx), |s| {
-                if let Some(e) = s.found.take() {
-                    out = Poll::Ready(Err(e));
-                } else if s.mine.len() <= keep || s.ended {
-                    out = Poll::Ready(Ok(()));
-                }
+        loop {
+            let step = std::future::poll_fn(|cx| {
+                let mut out = Poll::Pending;
+                let aborts = self.with(g, Some(cx), |s| {
+                    if let Some(e) = s.found.take() {
+                        out = Poll::Ready(Err(e));
+                    } else if s.mine.len() <= keep || s.ended {
+                        out = Poll::Ready(Ok(()));
+                    }
+                });
+                abort_all(g, aborts);
+                out
             });
-            abort_all(g, aborts);
-            out
-        })
-        .await
+            if let Ok(r) = tokio::time::timeout(ABORT_LOOK, step).await {
+                return r;
+            }
+        }
     }
 
     /// Runs `f` on the state, under the lock, after taking in the records that came
@@ -164,6 +176,15 @@ impl Checks {
             self.wake.add(cx.waker());
         }
         self.take_in(g, &mut s, cx.is_some(), &mut aborts);
+        // An operation aborted (cancelled or failed somewhere) after it returned here
+        // needs no check, and the rank that gave up on it may never have sent its
+        // record (it was dropped before its first poll, say).
+        let m = g.transport().mailbox();
+        let seen = m.op_aborts();
+        if seen != s.aborts_seen {
+            s.aborts_seen = seen;
+            s.mine.retain(|&(seq, _)| m.aborted(g.comm_id(), seq).is_none());
+        }
         f(&mut s);
         self.open.store(s.mine.len() + usize::from(s.found.is_some()), Ordering::Relaxed);
         aborts

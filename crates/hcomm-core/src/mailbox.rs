@@ -256,6 +256,8 @@ pub struct Mailbox {
     progress: OnceLock<Arc<Progress>>,
     /// Counts the changes that can give a receive its outcome: see [`Mailbox::changes`].
     changes: AtomicU64,
+    /// Counts the operations aborted: see [`Mailbox::op_aborts`].
+    op_aborts: AtomicU64,
 }
 
 impl std::fmt::Debug for Progress {
@@ -559,6 +561,7 @@ impl Mailbox {
             any_peer_failed: AtomicBool::new(false),
             progress: OnceLock::new(),
             changes: AtomicU64::new(0),
+            op_aborts: AtomicU64::new(0),
         }
     }
 
@@ -818,6 +821,7 @@ impl Mailbox {
             return false;
         }
         self.changed();
+        self.op_aborts.fetch_add(1, Ordering::AcqRel);
         inner.aborted.insert((comm, seq), err.clone());
         inner.slots.retain(|k, s| !(k.comm == comm && k.seq == seq && matches!(s, Slot::Arrived(_))));
         Self::fail_waiters(&mut inner, |k| k.comm == comm && k.seq == seq, &err);
@@ -847,6 +851,14 @@ impl Mailbox {
             return None;
         }
         self.inner.lock().aborted_comms.get(&comm).cloned()
+    }
+
+    /// How many operations were aborted so far ([`Mailbox::abort_op`]), for a caller
+    /// that keeps state about operations and looks at their aborts only when this
+    /// changes. It is counted under the lock [`Mailbox::aborted`] takes, so an abort
+    /// counted is an abort `aborted` reports.
+    pub fn op_aborts(&self) -> u64 {
+        self.op_aborts.load(Ordering::Acquire)
     }
 
     /// Whether operation `seq` of `comm` was aborted, and why.

@@ -123,8 +123,9 @@ impl<T: LocalTransport> Communicator<T> {
     /// that operation is aborted on every rank still in it).
     ///
     /// # Cancel safety
-    /// Dropping the future forgets the check it was waiting for (its operation is
-    /// then never checked here); the others stay for later.
+    /// Dropping the future changes nothing: the checks it waited for stay for later.
+    /// (A check whose operation was aborted, here or on another rank, is given up:
+    /// the rank that gave up on it may never send its record.)
     pub async fn settle_checks(&self) -> Result<()> {
         self.group.settle_checks(0).await
     }

@@ -354,3 +354,23 @@ async fn a_rank_failed_by_a_late_mismatch_still_sends_its_record() {
         }
     }
 }
+
+/// A rooted collective dropped before its first poll on one rank is aborted on every
+/// rank; a root that had already returned from it stops waiting for that rank's
+/// argument check record, which never comes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_root_stops_waiting_for_the_record_of_an_operation_dropped_elsewhere() {
+    let comms = hcomm::local(3);
+    let mut bufs = vec![vec![3u64; 5]; 3];
+    let [b0, b1, b2] = &mut bufs[..] else { unreachable!() };
+    comms[0].broadcast(b0, 0).await.expect("the root sends and returns");
+    comms[1].broadcast(b1, 0).await.expect("rank 1 has the root's data");
+    // Rank 2, whose record the root checks, drops its call unpolled.
+    drop(comms[2].broadcast(b2, 0));
+    let settled = tokio::time::timeout(Duration::from_secs(20), comms[0].settle_checks()).await;
+    assert!(matches!(settled, Ok(Ok(()))), "the root's checks settle: {settled:?}");
+    // The communicator carries on.
+    let mut bufs = vec![vec![5u16; 3]; 3];
+    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, 2))).await;
+    res.into_iter().for_each(|r| r.unwrap());
+}
