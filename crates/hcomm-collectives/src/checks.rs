@@ -31,6 +31,15 @@ use parking_lot::Mutex;
 
 use crate::group::Group;
 
+/// Records of the previous rank, and operations forgotten here, this many operations
+/// older than one being checked are dropped: they belong to operations that will
+/// never look for them (dropped here before their first poll, so that this rank sent
+/// no record and forgot nothing; or forgotten after a failure, with the record
+/// never sent); and this rank's returned operations whose records are that overdue
+/// are given up. An operation in flight here while 65 536 later ones are checked
+/// loses its check (it then passes).
+const STALE_AFTER: u64 = 1 << 16;
+
 /// How often a wait for the previous rank's records ([`Checks::settle`]) looks for
 /// aborted operations among those it waits for.
 const ABORT_LOOK: std::time::Duration = std::time::Duration::from_millis(20);
@@ -242,15 +251,27 @@ impl Checks {
 }
 
 impl State {
-    /// The previous rank's record of operation `seq`, taken out, if it came.
+    /// The previous rank's record of operation `seq`, taken out, if it came; records
+    /// and forgotten operations long before it are dropped ([`STALE_AFTER`]).
     fn take_theirs(&mut self, seq: u64) -> Option<Signature> {
+        let stale = |s: u64| s.saturating_add(STALE_AFTER) < seq;
+        while self.theirs.front().is_some_and(|&(s, _)| stale(s)) {
+            self.theirs.pop_front();
+        }
+        while self.forgotten.front().is_some_and(|&s| stale(s)) {
+            self.forgotten.pop_front();
+        }
         let i = self.theirs.iter().position(|&(s, _)| s == seq)?;
         self.theirs.remove(i).map(|(_, sig)| sig)
     }
 
     /// The previous rank's record of operation `seq`: compared with this rank's if
-    /// that returned already, else kept for the operation.
+    /// that returned already, else kept for the operation. Returned operations whose
+    /// records are long overdue ([`STALE_AFTER`]) are given up.
     fn match_theirs<T: LocalTransport>(&mut self, g: &Group<T>, seq: u64, theirs: Signature, aborts: &mut Vec<Abort>) {
+        while self.mine.front().is_some_and(|&(s, _)| s.saturating_add(STALE_AFTER) < seq) {
+            self.mine.pop_front();
+        }
         match self.mine.iter().position(|&(s, _)| s == seq) {
             Some(i) => {
                 let (_, ours) = self.mine.remove(i).expect("found above");
