@@ -15,6 +15,13 @@
 //! returned before its record came, whose difference fails the next collective
 //! ([`Checks::late_error`]).
 //!
+//! Failures: a rank posts its record when the operation is called (`agreed`), before
+//! anything can fail it here. An operation that fails or is dropped here has the
+//! previous rank's record dropped when it comes ([`Checks::forget`]); a returned
+//! operation that was aborted (here or elsewhere) no longer waits for its record,
+//! which the rank that gave up on it may never have sent; and what is
+//! [`STALE_AFTER`] operations overdue is dropped.
+//!
 //! [`ArgCheck::Deferred`]: crate::ArgCheck::Deferred
 
 use std::collections::VecDeque;
