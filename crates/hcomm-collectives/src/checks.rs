@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use hcomm_core::mailbox::RecvFrame;
@@ -60,6 +60,11 @@ pub(crate) struct Checks {
     open: AtomicUsize,
     /// Wakes every task that waits for a record (the receive holds one waker).
     wake: Arc<WakeAll>,
+    /// The mailbox's [`changes`](hcomm_core::Mailbox::changes) when `late_error`
+    /// last looked and found nothing: no record can have come while it reads the
+    /// same, and every collective asks (a root with records outstanding took the
+    /// lock each time otherwise).
+    late_seen: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -143,9 +148,16 @@ impl Checks {
         if self.open.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        let changes = g.transport().mailbox().changes();
+        if self.late_seen.load(Ordering::Relaxed) == changes {
+            return None;
+        }
         let mut found = None;
         let aborts = self.with(g, None, |s| found = s.found.take());
         abort_all(g, aborts);
+        if found.is_none() {
+            self.late_seen.store(changes, Ordering::Relaxed);
+        }
         found
     }
 

@@ -744,6 +744,12 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         }
     }
 
+    /// Whether this rank posted its argument check record and has neither matched
+    /// the previous rank's nor handed the check to the group yet.
+    pub(crate) fn check_pending(&self) -> bool {
+        self.check_open.load(Ordering::Relaxed)
+    }
+
     /// The argument check of this operation while it waits
     /// ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)): `Ready` when the previous
     /// rank's record came (a mismatch error if it differs) or can no longer come,

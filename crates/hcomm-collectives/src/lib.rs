@@ -267,21 +267,19 @@ async fn checked_later<T: LocalTransport, R>(
         Box::pin(g.settle_checks(MAX_UNCHECKED - 1)).await?;
     }
     let mut work = std::pin::pin!(body);
-    let mut checked = false;
     let r = std::future::poll_fn(|cx| {
         let done = work.as_mut().poll(cx);
         // While the work waits, so does the check, woken by the records' arrival.
         if done.is_pending()
-            && !checked
+            && ctx.check_pending()
             && let Poll::Ready(r) = ctx.poll_check(cx)
         {
-            checked = true;
             r?;
         }
         done
     })
     .await?;
-    if !checked {
+    if ctx.check_pending() {
         // Done now if the record is here, else when it comes (a broadcast's root,
         // done in its first poll, looks again only when records arrive).
         ctx.defer_check()?;
