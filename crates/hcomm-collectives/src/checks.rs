@@ -97,16 +97,15 @@ impl Checks {
     /// previous rank's record is here (a mismatch error for the operation itself),
     /// or else kept to be matched when the record comes.
     pub(crate) fn defer<T: LocalTransport>(&self, g: &Group<T>, seq: u64, sig: Signature) -> Result<()> {
-        let mut out = Ok(());
-        let aborts = self.with(g, None, |s| {
+        self.with(g, None, |s| {
             if let Some(theirs) = s.take_theirs(seq) {
-                out = same(g, &sig, theirs);
-            } else if !s.ended {
+                return same(g, &sig, theirs);
+            }
+            if !s.ended {
                 s.mine.push_back((seq, sig));
             }
-        });
-        abort_all(g, aborts);
-        out
+            Ok(())
+        })
     }
 
     /// For operation `seq` (signature `sig`) while it waits: `Ready` once the
@@ -119,27 +118,21 @@ impl Checks {
         sig: &Signature,
         cx: &Context<'_>,
     ) -> Poll<Result<()>> {
-        let mut out = Poll::Pending;
-        let aborts = self.with(g, Some(cx), |s| {
-            if let Some(theirs) = s.take_theirs(seq) {
-                out = Poll::Ready(same(g, sig, theirs));
-            } else if s.ended {
-                out = Poll::Ready(Ok(()));
-            }
-        });
-        abort_all(g, aborts);
-        out
+        self.with(g, Some(cx), |s| match s.take_theirs(seq) {
+            Some(theirs) => Poll::Ready(same(g, sig, theirs)),
+            None if s.ended => Poll::Ready(Ok(())),
+            None => Poll::Pending,
+        })
     }
 
     /// Operation `seq` failed or was cancelled here before its check: the previous
     /// rank's record of it is not wanted.
     pub(crate) fn forget<T: LocalTransport>(&self, g: &Group<T>, seq: u64) {
-        let aborts = self.with(g, None, |s| {
+        self.with(g, None, |s| {
             if s.take_theirs(seq).is_none() && !s.ended {
                 s.forgotten.push_back(seq);
             }
         });
-        abort_all(g, aborts);
     }
 
     /// The mismatch found after its operation had returned, if any (once), looking
@@ -152,9 +145,7 @@ impl Checks {
         if self.late_seen.load(Ordering::Relaxed) == changes {
             return None;
         }
-        let mut found = None;
-        let aborts = self.with(g, None, |s| found = s.found.take());
-        abort_all(g, aborts);
+        let found = self.with(g, None, |s| s.found.take());
         if found.is_none() {
             self.late_seen.store(changes, Ordering::Relaxed);
         }
@@ -172,16 +163,11 @@ impl Checks {
     pub(crate) async fn settle<T: LocalTransport>(&self, g: &Group<T>, keep: usize) -> Result<()> {
         loop {
             let step = std::future::poll_fn(|cx| {
-                let mut out = Poll::Pending;
-                let aborts = self.with(g, Some(cx), |s| {
-                    if let Some(e) = s.found.take() {
-                        out = Poll::Ready(Err(e));
-                    } else if s.mine.len() <= keep || s.ended {
-                        out = Poll::Ready(Ok(()));
-                    }
-                });
-                abort_all(g, aborts);
-                out
+                self.with(g, Some(cx), |s| match s.found.take() {
+                    Some(e) => Poll::Ready(Err(e)),
+                    None if s.mine.len() <= keep || s.ended => Poll::Ready(Ok(())),
+                    None => Poll::Pending,
+                })
             });
             if let Ok(r) = tokio::time::timeout(ABORT_LOOK, step).await {
                 return r;
@@ -190,20 +176,32 @@ impl Checks {
     }
 
     /// Runs `f` on the state, under the lock, after taking in the records that came
-    /// (registering `cx` to be woken by the next, if given); returns the mismatches
-    /// to abort.
-    fn with<T: LocalTransport>(
+    /// (registering `cx` to be woken by the next, if given), and returns what `f`
+    /// returns. Mismatches found among the records that came are aborted on every
+    /// rank once the lock is released.
+    fn with<T: LocalTransport, R>(&self, g: &Group<T>, cx: Option<&Context<'_>>, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut aborts = Vec::new();
+        let out = self.locked(g, cx, &mut aborts, f);
+        for (seq, op, e) in aborts {
+            g.abort_op(seq, op, &e);
+        }
+        out
+    }
+
+    /// [`Checks::with`]'s work under the lock, the mismatches to abort put in
+    /// `aborts`.
+    fn locked<T: LocalTransport, R>(
         &self,
         g: &Group<T>,
         cx: Option<&Context<'_>>,
-        f: impl FnOnce(&mut State),
-    ) -> Vec<Abort> {
-        let mut aborts = Vec::new();
+        aborts: &mut Vec<Abort>,
+        f: impl FnOnce(&mut State) -> R,
+    ) -> R {
         let mut s = self.state.lock();
         if let Some(cx) = cx {
             self.wake.add(cx.waker());
         }
-        self.take_in(g, &mut s, cx.is_some(), &mut aborts);
+        self.take_in(g, &mut s, cx.is_some(), aborts);
         // An operation aborted (cancelled or failed somewhere) after it returned here
         // needs no check, and the rank that gave up on it may never have sent its
         // record (it was dropped before its first poll, say).
@@ -213,9 +211,9 @@ impl Checks {
             s.aborts_seen = seen;
             s.mine.retain(|&(seq, _)| m.aborted(g.comm_id(), seq).is_none());
         }
-        f(&mut s);
+        let out = f(&mut s);
         self.open.store(s.mine.len() + usize::from(s.found.is_some()), Ordering::Relaxed);
-        aborts
+        out
     }
 
     /// Takes in every frame of records that came, matching them with this rank's
@@ -319,12 +317,6 @@ fn same<T: LocalTransport>(g: &Group<T>, ours: &Signature, theirs: Signature) ->
 fn mismatch<T: LocalTransport>(g: &Group<T>, seq: u64, ours: &Signature, theirs: Signature) -> Option<Abort> {
     let e = same(g, ours, theirs).err()?.in_op(ours.op, Some(seq)).at_rank(g.rank());
     Some((seq, ours.op, e.note("found after this rank's call had returned")))
-}
-
-fn abort_all<T: LocalTransport>(g: &Group<T>, aborts: Vec<Abort>) {
-    for (seq, op, e) in aborts {
-        g.abort_op(seq, op, &e);
-    }
 }
 
 /// A waker that wakes every task registered with it: the records' receive holds

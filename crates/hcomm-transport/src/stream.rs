@@ -1433,7 +1433,9 @@ pub(crate) trait WriteLink {
     fn stopped(&mut self) {}
 }
 
-/// Reads frames from one peer into the mailbox until the peer closes or fails.
+/// Reads frames from one peer into the mailbox until the peer closes or fails (the
+/// io_uring and TLS backends; plain TCP reads through its bundle).
+#[cfg(any(all(feature = "uring", target_os = "linux"), feature = "tls"))]
 async fn read_loop<L: ReadLink>(mut link: L, peer: Rank, links: Arc<Links>) {
     let mailbox = &links.mailbox;
     let mut asm = Assembler::new(peer);
