@@ -12,7 +12,9 @@
 //! `Communicator::calibrate`), or the table `Communicator::tune` measures first
 //! (`--tune`; it measures at 8 B × 2^k by default, `--tune-step 4` for 8 B × 4^k so
 //! that with `--step 2` half of the swept sizes fall between its points). Each cell is the median over repeated runs, each after
-//! a barrier, of the slowest rank's time; the columns run in a shuffled order in each round.
+//! a barrier, of the slowest rank's time; the columns run in a shuffled order in each round,
+//! each timed run after an untimed run of the same column (`--unprimed`: without it, for
+//! the tuner too; see `TuneOptions::primed`).
 //! `--confirm` then times the pick against the best forced column head to head wherever
 //! the two differ (see `duels`). f32 data, sum.
 
@@ -64,6 +66,10 @@ struct Args {
     /// wherever they differ (see [`duels`]).
     #[arg(long)]
     confirm: bool,
+    /// Time each column right after whichever column ran before it in the round's
+    /// shuffle, instead of after an untimed run of its own; the tuner likewise.
+    #[arg(long)]
+    unprimed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -162,17 +168,19 @@ fn rounds(op: Op, n: usize, bytes: usize) -> usize {
 }
 
 /// One row: the slowest rank's median time per column (forced algorithms, then auto).
-async fn row<T: LocalTransport>(comm: &Communicator<T>, op: Op, bytes: usize) -> Result<Vec<f64>, String> {
+async fn row<T: LocalTransport>(comm: &Communicator<T>, a: &Args, op: Op, bytes: usize) -> Result<Vec<f64>, String> {
     let cols: Vec<Option<usize>> = (0..op.algos().len()).map(Some).chain([None]).collect();
-    timed(comm, op, bytes, &cols, rounds(op, comm.size(), bytes)).await
+    timed(comm, a, op, bytes, &cols, rounds(op, comm.size(), bytes)).await
 }
 
 /// The slowest rank's median time (ms) of each of `cols` (an algorithm of
-/// [`Op::algos`], or `None` for the automatic choice) over `iters` rounds, after one
-/// round of warm-up; in each round the columns run in a shuffled order, each after a
-/// barrier.
+/// [`Op::algos`], or `None` for the automatic choice) over `iters` rounds; in each
+/// round the columns run in a shuffled order, each after a barrier, and (unless
+/// `--unprimed`) after an untimed run of the same column and a barrier, else after
+/// a round of warm-up.
 async fn timed<T: LocalTransport>(
     comm: &Communicator<T>,
+    a: &Args,
     op: Op,
     bytes: usize,
     cols: &[Option<usize>],
@@ -182,8 +190,13 @@ async fn timed<T: LocalTransport>(
     let c = (bytes / 4).max(1);
     let mut bufs = Bufs { one: vec![1.0; c], all: vec![1.0; n * c], out: vec![0.0; n * c] };
     let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(iters); cols.len()];
-    for round in 0..=iters {
+    let primed = !a.unprimed;
+    for round in usize::from(primed)..=iters {
         for j in hcomm::round_order(cols.len(), round + 7919) {
+            if primed {
+                comm.barrier().await.map_err(|e| e.to_string())?;
+                op.run(comm, cols[j], &mut bufs).await.map_err(|e| e.to_string())?;
+            }
             comm.barrier().await.map_err(|e| e.to_string())?;
             let t = Instant::now();
             op.run(comm, cols[j], &mut bufs).await.map_err(|e| e.to_string())?;
@@ -212,7 +225,7 @@ async fn sweep<T: LocalTransport>(comm: &Communicator<T>, a: &Args, how: &str) -
     for _ in 0..a.runs.max(1) {
         for (o, &op) in ops.iter().enumerate() {
             for (i, bytes) in sizes(a, op, comm.size()).into_iter().enumerate() {
-                rows[o][i].push(row(comm, op, bytes).await?);
+                rows[o][i].push(row(comm, a, op, bytes).await?);
             }
         }
     }
@@ -226,10 +239,15 @@ async fn sweep<T: LocalTransport>(comm: &Communicator<T>, a: &Args, how: &str) -
         let what = if op.per_block() { "bytes per block" } else { "bytes" };
         if comm.rank() == 0 {
             println!(
-                "\n{name} sweep: {} ranks ({how}), transport {}, f32 sum, median of {} runs of the slowest rank's median (ms)\n",
+                "\n{name} sweep: {} ranks ({how}), transport {}, f32 sum, median of {} runs of the slowest rank's median (ms), {}\n",
                 comm.size(),
                 comm.transport_name(),
-                a.runs.max(1)
+                a.runs.max(1),
+                if a.unprimed {
+                    "each after the round's previous column"
+                } else {
+                    "each after an untimed run of its own"
+                }
             );
             println!("| {what} | {} | auto | auto picks | auto / best | pick / best |", algos.join(" | "));
             println!("|---|{}---|---|---|---|", "---|".repeat(k));
@@ -292,7 +310,7 @@ async fn duels<T: LocalTransport>(comm: &Communicator<T>, a: &Args, contested: &
         let iters = 3 * rounds(c.op, comm.size(), c.bytes);
         let mut ratios = Vec::with_capacity(blocks);
         for _ in 0..blocks {
-            let ms = timed(comm, c.op, c.bytes, &[Some(c.pick), Some(c.best)], iters).await?;
+            let ms = timed(comm, a, c.op, c.bytes, &[Some(c.pick), Some(c.best)], iters).await?;
             ratios.push(ms[0] / ms[1]);
         }
         ratios.sort_by(f64::total_cmp);
@@ -350,6 +368,7 @@ async fn prepare<T: LocalTransport>(comm: &mut Communicator<T>, a: &Args) -> Res
                 max_bytes: a.max_bytes,
                 step: a.tune_step,
                 passes: a.tune_passes.unwrap_or(TuneOptions::default().passes),
+                primed: !a.unprimed,
                 ..TuneOptions::default()
             })
             .await

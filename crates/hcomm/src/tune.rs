@@ -34,11 +34,20 @@ pub struct TuneOptions {
     /// Factor between measured sizes (2 or more); sizes between take the choice of
     /// the nearest on a log scale.
     pub step: usize,
+    /// Run each algorithm once untimed, after a barrier, before each timed run (after
+    /// another barrier), so that every timed run follows one of its own kind: the
+    /// time a job gets that calls the collective at that size again and again. Off,
+    /// a timed run follows whichever algorithm the round's shuffle put before it, and
+    /// on ranks that share processors that costs the one after a switch between
+    /// patterns (the ring's, recursive doubling's) 40-70 µs on a 120 µs allgather
+    /// (BENCHMARKS.md, session 20), which the duels then charge to whichever switched
+    /// more often. On by default; it doubles the tuning time.
+    pub primed: bool,
 }
 
 impl Default for TuneOptions {
     fn default() -> Self {
-        TuneOptions { max_bytes: 16 << 20, reps: 5, passes: 2, step: 2 }
+        TuneOptions { max_bytes: 16 << 20, reps: 5, passes: 2, step: 2, primed: true }
     }
 }
 
@@ -122,8 +131,9 @@ impl<T: LocalTransport> Communicator<T> {
     /// alltoall at sizes from 8 bytes to `opts.max_bytes` (f32 sum), keeps the fastest
     /// at each size and uses that table for automatic selection from now on (forced
     /// algorithms, per call or by environment, still win). The algorithms take turns
-    /// within each round, each after a barrier; an algorithm's time is the median over
-    /// rounds of the slowest rank's, so every rank decides alike. Passes after the
+    /// within each round, each after a barrier (and after an untimed run of its own,
+    /// see [`TuneOptions::primed`]); an algorithm's time is the median over rounds of
+    /// the slowest rank's, so every rank decides alike. Passes after the
     /// first time only the contenders (see [`TuneOptions::passes`]). Collective.
     ///
     /// Takes a few seconds for 16 MiB on loopback; the table is for this
@@ -167,24 +177,33 @@ impl<T: LocalTransport> Communicator<T> {
             let r = |bytes: usize| if pass == 0 { reps(bytes) } else { 2 * reps(bytes) };
             for (i, &bytes) in whole.iter().enumerate() {
                 let mut buf = vec![1.0f32; (bytes / 4).max(1)];
-                self.time_pass(&mut ar, i, pass, r(bytes), async |a| {
+                self.time_pass(&mut ar, i, pass, r(bytes), opts.primed, async |a| {
                     self.all_reduce_with(&mut buf, ReduceOp::Sum, a).await
                 })
                 .await?;
-                self.time_pass(&mut bc, i, pass, r(bytes), async |a| self.broadcast_with(&mut buf, 0, a).await).await?;
+                self.time_pass(&mut bc, i, pass, r(bytes), opts.primed, async |a| {
+                    self.broadcast_with(&mut buf, 0, a).await
+                })
+                .await?;
             }
             for (i, &bytes) in block.iter().enumerate() {
                 let c = (bytes / 4).max(1);
                 let (mine, mut all) = (vec![1.0f32; c], vec![0.0f32; n * c]);
                 let r = r(bytes * n);
-                self.time_pass(&mut ag, i, pass, r, async |a| self.all_gather_with(&mine, &mut all, a).await).await?;
+                self.time_pass(&mut ag, i, pass, r, opts.primed, async |a| {
+                    self.all_gather_with(&mine, &mut all, a).await
+                })
+                .await?;
                 let mut out = vec![0.0f32; c];
-                self.time_pass(&mut rs, i, pass, r, async |a| {
+                self.time_pass(&mut rs, i, pass, r, opts.primed, async |a| {
                     self.reduce_scatter_with(&all, &mut out, ReduceOp::Sum, a).await
                 })
                 .await?;
                 let mut got = vec![0.0f32; n * c];
-                self.time_pass(&mut aa, i, pass, r, async |a| self.all_to_all_with(&all, &mut got, a).await).await?;
+                self.time_pass(&mut aa, i, pass, r, opts.primed, async |a| {
+                    self.all_to_all_with(&all, &mut got, a).await
+                })
+                .await?;
             }
         }
         let m = Measured {
@@ -211,12 +230,13 @@ impl<T: LocalTransport> Communicator<T> {
         i: usize,
         pass: usize,
         reps: usize,
+        primed: bool,
         mut run: impl AsyncFnMut(A) -> Result<()>,
     ) -> Result<()> {
         let mut set = contenders(pass, &f.first, i);
         if pass == 0 || set.len() == 1 {
             let algos: Vec<A> = set.iter().map(|&j| f.algos[j]).collect();
-            let t = self.medians(&algos, reps, run).await?;
+            let t = self.medians(&algos, reps, primed, run).await?;
             record(pass, &mut f.first[i], &mut f.later[i], &set, &t);
             return Ok(());
         }
@@ -231,7 +251,7 @@ impl<T: LocalTransport> Communicator<T> {
         let reps = if close(row) { 2 * reps } else { reps };
         let algos = &f.algos;
         let times = knockout(set.len(), async |a, b| {
-            let t = self.medians(&[algos[set[a]], algos[set[b]]], reps, &mut run).await?;
+            let t = self.medians(&[algos[set[a]], algos[set[b]]], reps, primed, &mut run).await?;
             Ok((t[0], t[1]))
         })
         .await?;
@@ -240,17 +260,24 @@ impl<T: LocalTransport> Communicator<T> {
     }
 
     /// The time `run` takes with each of `algos`: median over `reps` rounds (after
-    /// one warm-up) of the slowest rank's time, in seconds, the same on every rank.
+    /// one warm-up round, unless `primed`) of the slowest rank's time, in seconds,
+    /// the same on every rank. `primed`: see [`TuneOptions::primed`].
     async fn medians<A: Copy>(
         &self,
         algos: &[A],
         reps: usize,
+        primed: bool,
         mut run: impl AsyncFnMut(A) -> Result<()>,
     ) -> Result<Vec<f64>> {
         let k = algos.len();
         let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(reps); k];
-        for round in 0..=reps {
+        // A primed round warms up what it times.
+        for round in usize::from(primed)..=reps {
             for j in round_order(k, round) {
+                if primed {
+                    self.barrier().await?;
+                    run(algos[j]).await?;
+                }
                 self.barrier().await?;
                 let t = Instant::now();
                 run(algos[j]).await?;

@@ -176,7 +176,7 @@ async fn calibration_agrees_on_every_rank_and_allreduce_still_works() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tuning_table_agrees_on_every_rank_and_collectives_still_work() {
     let mut comms = hcomm::local_tcp(3).await.unwrap();
-    let opts = hcomm::TuneOptions { max_bytes: 64 << 10, reps: 2, passes: 2, step: 4 };
+    let opts = hcomm::TuneOptions { max_bytes: 64 << 10, reps: 2, passes: 2, step: 4, primed: true };
     let tables = join_all(comms.iter_mut().map(|c| c.tune(&opts))).await;
     let tables: Vec<hcomm::Measured> = tables.into_iter().map(|m| m.unwrap()).collect();
     assert!(tables.iter().all(|m| *m == tables[0]), "{tables:?}");
