@@ -1722,6 +1722,16 @@ const TURN_PATIENCE: Duration = Duration::from_micros(200);
 /// 5 messages: the receive of the next came a few microseconds after its header.
 const LAND_PATIENCE: Duration = Duration::from_micros(200);
 
+/// [`LAND_PATIENCE`] where ranks outnumber the processors
+/// ([`StreamOptions::spin_yield`]): a receive is posted by a task of a process that
+/// often does not run for a millisecond or more. On 4 ranks sharing 2 processors, the
+/// relay of a 4 MiB binomial broadcast had most of its messages read early and copied
+/// (the root's next message comes while it still forwards the last); with 2 ms, four
+/// alternations took 0.56-0.82x the time (median 0.78) and at 16 MiB 0.88-1.01x
+/// (BENCHMARKS.md, session 22). A message behind a large one whose receive is not
+/// posted waits up to this long.
+const LAND_PATIENCE_CROWDED: Duration = Duration::from_millis(2);
+
 /// How long a receive reading its own message's bytes keeps trying, without progress,
 /// before it leaves the socket to the reader task ([`recv_spinning`]).
 const OWNER_SPIN: Duration = Duration::from_micros(50);
@@ -1812,6 +1822,8 @@ pub(crate) struct TcpInbox {
     ended: AtomicBool,
     /// How long a receive reading its own message spins ([`OWNER_SPIN`], or less).
     owner_spin: Duration,
+    /// [`LAND_PATIENCE`], or [`LAND_PATIENCE_CROWDED`].
+    land_patience: Duration,
     /// Whether large messages land in their receive's buffer
     /// ([`StreamOptions::tcp_land`]); if not, receives never read the socket.
     land: bool,
@@ -1850,7 +1862,8 @@ impl TcpInbox {
         );
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
         let eager = !opts.spin_yield;
-        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, land, eager }
+        let land_patience = if opts.spin_yield { LAND_PATIENCE_CROWDED } else { LAND_PATIENCE };
+        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, land_patience, land, eager }
     }
 
     /// Whether tokio has seen the socket readable (no system call, no waker kept).
@@ -1933,7 +1946,7 @@ impl TcpInbox {
                     // A large message whose receive is not posted yet: its bytes
                     // stay in the socket a while, so that they land when it comes
                     // instead of being read here and copied again.
-                    if !is_owner && !self.owner_spin.is_zero() && asm.awaits_receive(LAND_PATIENCE) {
+                    if !is_owner && !self.owner_spin.is_zero() && asm.awaits_receive(self.land_patience) {
                         turn = true;
                         break;
                     }
