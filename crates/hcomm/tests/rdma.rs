@@ -170,6 +170,72 @@ fn rdma_rank() {
     });
 }
 
+/// Waits for every rank process, at most `limit` in all. Past it, the test fails with
+/// every rank's output, and, for those still running (killed then), the state and
+/// kernel wait channel of each of their threads: a rank that hangs (one did, once in
+/// a few runs of the TCG guest, after the killed-peer test's failure) must not hang
+/// CI until the guest's own timeout, without a word of where it waited.
+fn wait_all(children: Vec<std::process::Child>, limit: Duration) -> Vec<std::process::Output> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((r, c.wait_with_output().unwrap()));
+        });
+    }
+    drop(tx);
+    let deadline = Instant::now() + limit;
+    let mut outs: Vec<Option<std::process::Output>> = (0..pids.len()).map(|_| None).collect();
+    while outs.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, out)) => outs[r] = Some(out),
+            Err(_) => break,
+        }
+    }
+    let hung: Vec<usize> = (0..pids.len()).filter(|&r| outs[r].is_none()).collect();
+    if hung.is_empty() {
+        return outs.into_iter().map(|o| o.expect("every rank ended")).collect();
+    }
+    let mut report = Vec::new();
+    for &r in &hung {
+        report.push(format!("rank {r} (pid {}) still running after {limit:?}: {}", pids[r], threads_of(pids[r])));
+        let _ = Command::new("kill").args(["-KILL", &pids[r].to_string()]).status();
+    }
+    for (r, out) in rx.iter() {
+        outs[r] = Some(out);
+    }
+    for (r, out) in outs.iter().enumerate() {
+        if let Some(o) = out {
+            let (so, se) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            report.push(format!("rank {r} ({}):\nstdout:\n{so}\nstderr:\n{se}", o.status));
+        }
+    }
+    panic!("ranks {hung:?} did not end:\n{}", report.join("\n"));
+}
+
+/// Each thread of process `pid`: its name, state and kernel wait channel.
+fn threads_of(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return "no /proc entry".into() };
+    let read = |path: std::path::PathBuf| std::fs::read_to_string(path).unwrap_or_default().trim().to_string();
+    tasks
+        .flatten()
+        .map(|t| {
+            let stat = read(t.path().join("stat"));
+            // The state is the field after the parenthesised name.
+            let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('?')).unwrap_or('?');
+            format!(
+                "[{} {} {state} wchan {}]",
+                t.file_name().to_string_lossy(),
+                read(t.path().join("comm")),
+                read(t.path().join("wchan"))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Starts the `RANKS` rank processes of a job (`rdma_rank`), with `env` added.
 fn spawn_ranks(job: &str, env: &[(&str, String)]) -> Vec<std::process::Child> {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -211,7 +277,7 @@ fn statistics_report_registered_memory() {
         [("RDMA_MODE", "stats".to_string()), ("HCOMM_STATS", "1".to_string()), ("HCOMM_STATS_FILE", pattern.clone())];
     // Every rank's output on a failure, not only the first failed rank's: a rank that
     // did not close in time fails the others' `finalize`, and its own output says why.
-    let outs: Vec<_> = spawn_ranks("rdma-stats", &env).into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let outs = wait_all(spawn_ranks("rdma-stats", &env), Duration::from_secs(240));
     if outs.iter().any(|o| !o.status.success()) {
         let all: Vec<String> = outs
             .iter()
@@ -238,8 +304,7 @@ fn statistics_report_registered_memory() {
 fn killed_peer_fails_not_hangs() {
     let start = Instant::now();
     let children = spawn_ranks("rdma-killed", &[]);
-    for (r, c) in children.into_iter().enumerate() {
-        let out = c.wait_with_output().unwrap();
+    for (r, out) in wait_all(children, Duration::from_secs(240)).into_iter().enumerate() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         if r == VICTIM {
             assert!(!out.status.success(), "the victim was killed");
