@@ -181,38 +181,28 @@ impl Checks {
     /// rank once the lock is released.
     fn with<T: LocalTransport, R>(&self, g: &Group<T>, cx: Option<&Context<'_>>, f: impl FnOnce(&mut State) -> R) -> R {
         let mut aborts = Vec::new();
-        let out = self.locked(g, cx, &mut aborts, f);
+        let out = {
+            let mut s = self.state.lock();
+            if let Some(cx) = cx {
+                self.wake.add(cx.waker());
+            }
+            self.take_in(g, &mut s, cx.is_some(), &mut aborts);
+            // An operation aborted (cancelled or failed somewhere) after it returned
+            // here needs no check, and the rank that gave up on it may never have sent
+            // its record (it was dropped before its first poll, say).
+            let m = g.transport().mailbox();
+            let seen = m.op_aborts();
+            if seen != s.aborts_seen {
+                s.aborts_seen = seen;
+                s.mine.retain(|&(seq, _)| m.aborted(g.comm_id(), seq).is_none());
+            }
+            let out = f(&mut s);
+            self.open.store(s.mine.len() + usize::from(s.found.is_some()), Ordering::Relaxed);
+            out
+        };
         for (seq, op, e) in aborts {
             g.abort_op(seq, op, &e);
         }
-        out
-    }
-
-    /// [`Checks::with`]'s work under the lock, the mismatches to abort put in
-    /// `aborts`.
-    fn locked<T: LocalTransport, R>(
-        &self,
-        g: &Group<T>,
-        cx: Option<&Context<'_>>,
-        aborts: &mut Vec<Abort>,
-        f: impl FnOnce(&mut State) -> R,
-    ) -> R {
-        let mut s = self.state.lock();
-        if let Some(cx) = cx {
-            self.wake.add(cx.waker());
-        }
-        self.take_in(g, &mut s, cx.is_some(), aborts);
-        // An operation aborted (cancelled or failed somewhere) after it returned here
-        // needs no check, and the rank that gave up on it may never have sent its
-        // record (it was dropped before its first poll, say).
-        let m = g.transport().mailbox();
-        let seen = m.op_aborts();
-        if seen != s.aborts_seen {
-            s.aborts_seen = seen;
-            s.mine.retain(|&(seq, _)| m.aborted(g.comm_id(), seq).is_none());
-        }
-        let out = f(&mut s);
-        self.open.store(s.mine.len() + usize::from(s.found.is_some()), Ordering::Relaxed);
         out
     }
 
