@@ -27,7 +27,7 @@ pub use bundle::BundleStats;
 pub use connect::{Congestion, MeshOptions, connect_mesh, connect_mesh_links};
 pub use mem::MemTransport;
 pub use shm::{ShmOptions, ShmPair, ShmStats};
-pub use stream::{PeerLink, StreamOptions, StreamTransport};
+pub use stream::{CROWDED_TCP_EAGER, DEFAULT_TCP_EAGER, PeerLink, StreamOptions, StreamTransport};
 
 /// Whether this build has the RDMA transport (cargo feature `rdma`).
 pub const HAS_RDMA: bool = cfg!(all(feature = "rdma", target_os = "linux"));

@@ -146,8 +146,17 @@ const BURST_GAP: Duration = Duration::from_micros(2);
 /// sending task that never waits otherwise give the writer its turn.
 pub const EAGER_BACKLOG: usize = 32;
 
-/// Default of [`StreamOptions::tcp_eager`] (`HCOMM_TCP_EAGER`).
-pub const DEFAULT_TCP_EAGER: usize = 4 << 10;
+/// Default of [`StreamOptions::tcp_eager`] (`HCOMM_TCP_EAGER`). On 2 ranks,
+/// back-to-back 8 KiB broadcasts took 0.57-0.75x their time with 8 KiB instead of
+/// 4; 16 KiB gained nothing at 16 KiB (BENCHMARKS.md, sessions 22-23).
+pub const DEFAULT_TCP_EAGER: usize = 8 << 10;
+
+/// [`StreamOptions::tcp_eager`] where ranks outnumber processors (the bootstrap's
+/// choice when `HCOMM_TCP_EAGER` is not set): there 8-16 KiB broadcasts on 4 ranks
+/// sharing 2 processors took 1.03-1.29x their time with 8 KiB instead of 4, as the
+/// root's queued copies and the writer's larger gathered writes compete with the
+/// receivers for the processors (BENCHMARKS.md, session 22).
+pub const CROWDED_TCP_EAGER: usize = 4 << 10;
 
 /// How long a frame posted lazily ([`Transport::post_lazy`]) waits for a write to
 /// its peer to take it along before its writer task sends it alone (tokio's timer

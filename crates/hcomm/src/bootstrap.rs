@@ -8,7 +8,9 @@ use hcomm_collectives::{Group, Tuning};
 use hcomm_core::JobKey;
 use hcomm_core::{Error, ErrorKind, LocalTransport, OpKind, Result};
 use hcomm_topology::{Placement, Topology, TopologyFile, host_identity, numa_node};
-use hcomm_transport::{Congestion, MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh_links, shm};
+use hcomm_transport::{
+    CROWDED_TCP_EAGER, Congestion, MeshOptions, PeerLink, StreamOptions, StreamTransport, connect_mesh_links, shm,
+};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -56,6 +58,11 @@ pub struct Config {
     /// all). On by default; setting `HCOMM_TCP_SPIN_US`, `HCOMM_SHM_SPIN_US` or
     /// `HCOMM_SPIN_YIELD` turns it off (the spins are then as set or by default).
     pub auto_spin: bool,
+    /// Where this host runs more ranks of the job than it has cores, small sends are
+    /// completed eagerly up to [`CROWDED_TCP_EAGER`] (4 KiB) instead of
+    /// [`StreamOptions::tcp_eager`] (8 KiB by default). On by default; setting
+    /// `HCOMM_TCP_EAGER` turns it off.
+    pub auto_eager: bool,
     /// Where this host runs more of the job's ranks than this process may use
     /// processors, and nothing bound the process already (it may use every online
     /// processor), each rank binds its threads to one processor, the host's ranks in
@@ -268,6 +275,7 @@ impl Config {
             shm: true,
             stream: StreamOptions::default(),
             auto_spin: true,
+            auto_eager: true,
             bind: false,
             rack: None,
             host: None,
@@ -340,6 +348,7 @@ impl Config {
                 )));
             }
             c.stream.tcp_eager = max;
+            c.auto_eager = false;
         }
         if let Some(spin) = micros_var("HCOMM_SHM_SPIN_US")? {
             c.stream.shm.spin = spin;
@@ -564,12 +573,15 @@ impl Config {
         Ok(links)
     }
 
-    /// `stream`, with yielding TCP spins and no shared-memory spins if this host is
-    /// oversubscribed (`auto_spin`).
+    /// `stream`, with yielding TCP spins and no shared-memory spins (`auto_spin`) and
+    /// the smaller eager limit (`auto_eager`) if this host is oversubscribed.
     fn stream_options(&self, hosts: &[String]) -> StreamOptions {
         let mut o = self.stream.clone();
         let here = hosts.iter().filter(|h| hosts.get(self.rank) == Some(h)).count();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.auto_eager && here > cores {
+            o.tcp_eager = o.tcp_eager.min(CROWDED_TCP_EAGER);
+        }
         if self.auto_spin && here > cores {
             tracing::debug!(
                 rank = self.rank,
@@ -905,6 +917,24 @@ mod tests {
         // Explicit spins stay as they are.
         c.auto_spin = false;
         assert_eq!(spins(c.stream_options(&crowded)), default);
+    }
+
+    #[test]
+    fn eager_limit_shrinks_when_the_host_is_oversubscribed() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut c = Config::new(0, cores + 2, "127.0.0.1:1");
+        let crowded = vec![String::from("a"); cores + 2];
+        let spread: Vec<String> = (0..cores + 2).map(|i| format!("h{i}")).collect();
+        const { assert!(hcomm_transport::DEFAULT_TCP_EAGER > CROWDED_TCP_EAGER) };
+        assert_eq!(c.stream_options(&spread).tcp_eager, hcomm_transport::DEFAULT_TCP_EAGER);
+        assert_eq!(c.stream_options(&crowded).tcp_eager, CROWDED_TCP_EAGER);
+        // A smaller limit set in the configuration stays.
+        c.stream.tcp_eager = 1024;
+        assert_eq!(c.stream_options(&crowded).tcp_eager, 1024);
+        // One set by HCOMM_TCP_EAGER stays whatever the host.
+        c.stream.tcp_eager = 16 << 10;
+        c.auto_eager = false;
+        assert_eq!(c.stream_options(&crowded).tcp_eager, 16 << 10);
     }
 
     #[test]
