@@ -16,7 +16,9 @@
 //! each timed run after an untimed run of the same column (`--unprimed`: without it, for
 //! the tuner too; see `TuneOptions::primed`).
 //! `--confirm` then times the pick against the best forced column head to head wherever
-//! the two differ (see `duels`). f32 data, sum.
+//! the two differ (see `duels`). f32 data, sum. `RUST_LOG=hcomm::tune=debug` logs (on
+//! stderr) each timing the tuner makes (`tune timed`: family, size, pass, algorithms,
+//! the slowest rank's median times).
 
 use std::time::{Duration, Instant};
 
@@ -59,6 +61,10 @@ struct Args {
     /// Passes `--tune` makes (`TuneOptions::passes`; the default's).
     #[arg(long)]
     tune_passes: Option<usize>,
+    /// Timed runs `--tune` makes of each algorithm at a size that moves 8 MiB or more
+    /// (`TuneOptions::reps`; the default's).
+    #[arg(long)]
+    tune_reps: Option<usize>,
     /// Whole sweeps to run; each cell reports the median of the runs.
     #[arg(long, default_value_t = 1)]
     runs: usize,
@@ -368,8 +374,8 @@ async fn prepare<T: LocalTransport>(comm: &mut Communicator<T>, a: &Args) -> Res
                 max_bytes: a.max_bytes,
                 step: a.tune_step,
                 passes: a.tune_passes.unwrap_or(TuneOptions::default().passes),
+                reps: a.tune_reps.unwrap_or(TuneOptions::default().reps),
                 primed: !a.unprimed,
-                ..TuneOptions::default()
             })
             .await
             .map_err(|e| e.to_string())?;
@@ -382,6 +388,12 @@ async fn prepare<T: LocalTransport>(comm: &mut Communicator<T>, a: &Args) -> Res
 }
 
 fn main() {
+    // Logs as RUST_LOG asks: `RUST_LOG=hcomm::tune=debug` shows what the tuner timed.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     let a = Args::parse();
     if a.ranks == 0 {
         fail("--ranks must be at least 1");

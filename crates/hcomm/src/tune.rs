@@ -152,11 +152,11 @@ impl<T: LocalTransport> Communicator<T> {
             (tune_sizes(opts.max_bytes, opts.step), tune_sizes((opts.max_bytes / n).max(8), opts.step));
         let reps = |bytes: usize| ((8 << 20) / bytes.max(1)).clamp(opts.reps.max(1), 8 * opts.reps.max(1));
         // The hierarchical allreduce is measured where the topology has a hierarchy.
-        let mut ar = Family::new(&AllreduceAlgo::candidates(self.group.layout()), whole.len());
-        let mut bc = Family::new(&BcastAlgo::ALL, whole.len());
-        let mut ag = Family::new(&AllgatherAlgo::ALL, block.len());
-        let mut rs = Family::new(&ReduceScatterAlgo::ALL, block.len());
-        let mut aa = Family::new(&AlltoallAlgo::ALL, block.len());
+        let mut ar = Family::new("allreduce", &AllreduceAlgo::candidates(self.group.layout()), &whole);
+        let mut bc = Family::new("broadcast", &BcastAlgo::ALL, &whole);
+        let mut ag = Family::new("allgather", &AllgatherAlgo::ALL, &block);
+        let mut rs = Family::new("reduce_scatter", &ReduceScatterAlgo::ALL, &block);
+        let mut aa = Family::new("alltoall", &AlltoallAlgo::ALL, &block);
         // Warm the links first: TCP grows its windows and buffers over a connection's
         // first large transfers, and timings taken before would not hold after.
         let mut warm = vec![0.0f32; (opts.max_bytes / 4).max(1)];
@@ -209,11 +209,11 @@ impl<T: LocalTransport> Communicator<T> {
         }
         let m = Measured {
             ranks: n,
-            allreduce: ar.table(&whole, passes),
-            broadcast: bc.table(&whole, passes),
-            allgather: ag.table(&block, passes),
-            reduce_scatter: rs.table(&block, passes),
-            alltoall: aa.table(&block, passes),
+            allreduce: ar.table(passes),
+            broadcast: bc.table(passes),
+            allgather: ag.table(passes),
+            reduce_scatter: rs.table(passes),
+            alltoall: aa.table(passes),
         };
         let mut t = self.tuning().clone();
         t.measured = m.clone();
@@ -224,8 +224,8 @@ impl<T: LocalTransport> Communicator<T> {
 
     /// Times pass `pass` of one family at its size `i`: the algorithms
     /// [`contenders`] names, with `run` (in a later pass, two at a time: see
-    /// [`knockout`]), recorded in `f`.
-    async fn time_pass<A: Copy>(
+    /// [`knockout`]), recorded in `f` (and in a debug event, `tune timed`).
+    async fn time_pass<A: Copy + std::fmt::Debug>(
         &self,
         f: &mut Family<A>,
         i: usize,
@@ -238,6 +238,7 @@ impl<T: LocalTransport> Communicator<T> {
         if pass == 0 || set.len() == 1 {
             let algos: Vec<A> = set.iter().map(|&j| f.algos[j]).collect();
             let t = self.medians(&algos, reps, primed, run).await?;
+            f.log(i, pass, reps, &set, &t);
             record(pass, &mut f.first[i], &mut f.later[i], &set, &t);
             return Ok(());
         }
@@ -256,6 +257,7 @@ impl<T: LocalTransport> Communicator<T> {
             Ok((t[0], t[1]))
         })
         .await?;
+        f.log(i, pass, reps, &set, &times);
         record(pass, &mut f.first[i], &mut f.later[i], &set, &times);
         Ok(())
     }
@@ -360,20 +362,36 @@ fn contenders(pass: usize, first: &[Vec<f64>], i: usize) -> Vec<usize> {
 /// One family's measurements, per size and algorithm: the first pass's times, and
 /// the later passes' sums.
 struct Family<A> {
+    name: &'static str,
+    sizes: Vec<usize>,
     algos: Vec<A>,
     first: Vec<Vec<f64>>,
     later: Vec<Vec<f64>>,
 }
 
-impl<A: Copy> Family<A> {
-    fn new(algos: &[A], sizes: usize) -> Family<A> {
-        let zero = vec![vec![0.0; algos.len()]; sizes];
-        Family { algos: algos.to_vec(), first: zero.clone(), later: zero }
+impl<A: Copy + std::fmt::Debug> Family<A> {
+    fn new(name: &'static str, algos: &[A], sizes: &[usize]) -> Family<A> {
+        let zero = vec![vec![0.0; algos.len()]; sizes.len()];
+        Family { name, sizes: sizes.to_vec(), algos: algos.to_vec(), first: zero.clone(), later: zero }
     }
 
-    /// The choice at each of `sizes`: by the later passes if there were any.
-    fn table(&self, sizes: &[usize], passes: usize) -> Vec<(usize, A)> {
-        fastest(sizes, if passes > 1 { &self.later } else { &self.first }, &self.first, &self.algos)
+    /// The choice at each size: by the later passes if there were any.
+    fn table(&self, passes: usize) -> Vec<(usize, A)> {
+        fastest(&self.sizes, if passes > 1 { &self.later } else { &self.first }, &self.first, &self.algos)
+    }
+
+    /// A debug event with what one timing at size `i` measured (seconds in `times`,
+    /// of the algorithms at `set`): the slowest rank's median, the same on every rank.
+    fn log(&self, i: usize, pass: usize, reps: usize, set: &[usize], times: &[f64]) {
+        tracing::debug!(
+            family = self.name,
+            bytes = self.sizes[i],
+            pass,
+            reps,
+            algos = ?set.iter().map(|&j| self.algos[j]).collect::<Vec<_>>(),
+            times_us = ?times.iter().map(|t| (t * 1e7).round() / 10.0).collect::<Vec<_>>(),
+            "tune timed"
+        );
     }
 }
 
