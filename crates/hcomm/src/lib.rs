@@ -50,6 +50,7 @@ pub mod launch;
 pub mod stats;
 pub mod store;
 mod tune;
+mod tune_file;
 
 pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, local_placement};
 /// The byte buffers of `send_bytes` and `recv_bytes`.
@@ -78,7 +79,10 @@ use hcomm_collectives::Group;
 /// `HCOMM_CALIBRATE=1` it then runs [`Communicator::calibrate`] (the cost model's
 /// parameters measured, per level of link), and with `HCOMM_TUNE` set (`1`, or the
 /// largest size to measure such as `4M`) [`Communicator::tune`], so that algorithm
-/// selection follows measurements.
+/// selection follows measurements. With `HCOMM_TUNE_FILE` set to a path, a table
+/// saved there by an earlier job of the same shape is used instead of measuring
+/// ([`Communicator::load_tuning`]), and a table measured now is saved there
+/// ([`Communicator::save_tuning`]).
 ///
 /// # Errors
 /// A configuration error for a wrong or missing environment, a bootstrap error naming
@@ -94,7 +98,7 @@ pub async fn init() -> Result<Communicator> {
 
 /// As [`init`], over RDMA ([`Config::connect_rdma`], cargo feature `rdma`): connects
 /// this process to its job from the launcher's environment, with `HCOMM_STATS`,
-/// `HCOMM_CALIBRATE` and `HCOMM_TUNE` as `init` takes them.
+/// `HCOMM_CALIBRATE`, `HCOMM_TUNE` and `HCOMM_TUNE_FILE` as `init` takes them.
 ///
 /// # Errors
 /// As [`init`], and a bootstrap error if the RDMA device cannot be opened or a queue

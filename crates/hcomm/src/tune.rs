@@ -7,12 +7,14 @@
 //! pays off at other sizes than the α–β model predicts. Measuring is what Open MPI's
 //! tuned decision files and NCCL's tuner plugins do too.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hcomm_collectives::{AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Measured, ReduceScatterAlgo};
 use hcomm_core::{Error, LocalTransport, ReduceOp, Result};
 
 use crate::Communicator;
+use crate::tune_file::Loaded;
 
 /// What [`Communicator::tune`] measures.
 #[derive(Debug, Clone)]
@@ -66,26 +68,72 @@ pub(crate) fn options_from_env(get: impl Fn(&str) -> Option<String>) -> Result<O
     Ok(Some(TuneOptions { max_bytes, ..TuneOptions::default() }))
 }
 
-/// What `init` measures once connected: `HCOMM_CALIBRATE`, then `HCOMM_TUNE`.
+/// What `init` measures once connected: `HCOMM_CALIBRATE`, then `HCOMM_TUNE` (or
+/// the table `HCOMM_TUNE_FILE` holds).
 pub(crate) struct Measure {
-    calibrate: bool,
-    tune: Option<TuneOptions>,
+    pub(crate) calibrate: bool,
+    pub(crate) tune: Option<TuneOptions>,
+    /// `HCOMM_TUNE_FILE`: where a table measured before is read from, or the one
+    /// measured now is written to.
+    pub(crate) file: Option<PathBuf>,
 }
 
 impl Measure {
-    /// Both settings, read through `get` (before connecting, so that a wrong value
+    /// The settings, read through `get` (before connecting, so that a wrong value
     /// fails at once).
     pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Measure> {
-        Ok(Measure { tune: options_from_env(&get)?, calibrate: calibrate_from_env(&get)? })
+        let file = match get("HCOMM_TUNE_FILE") {
+            Some(v) if v.trim().is_empty() => None,
+            Some(v) => Some(PathBuf::from(v)),
+            None => None,
+        };
+        Ok(Measure { tune: options_from_env(&get)?, calibrate: calibrate_from_env(&get)?, file })
     }
 
-    /// Calibrates and tunes `comm` as asked.
+    /// Calibrates and tunes `comm` as asked. With a tuning file: a table there for a
+    /// job of this shape is used instead of tuning; with none there (or one of
+    /// another job's), the table is measured if `HCOMM_TUNE` is set and written
+    /// there, else that is a configuration error.
     pub(crate) async fn run<T: LocalTransport>(self, mut comm: Communicator<T>) -> Result<Communicator<T>> {
         if self.calibrate {
             comm.calibrate().await?;
         }
-        if let Some(opts) = self.tune {
-            comm.tune(&opts).await?;
+        if let Some(path) = &self.file {
+            let why = match comm.read_tuning(path).await? {
+                Loaded::Table(m) => {
+                    let mut t = comm.tuning().clone();
+                    t.measured = m;
+                    comm.set_tuning(t);
+                    tracing::debug!(path = %path.display(), "tuning table loaded");
+                    return Ok(comm);
+                }
+                Loaded::Absent => "there is no file".to_string(),
+                Loaded::OtherJob(why) => why,
+            };
+            if self.tune.is_none() {
+                return Err(Error::config(format!(
+                    "HCOMM_TUNE_FILE={}: {why}, and HCOMM_TUNE is not set to measure a table",
+                    path.display()
+                )));
+            }
+            tracing::info!(path = %path.display(), why, "measuring a tuning table for this job");
+        }
+        if let Some(opts) = &self.tune {
+            comm.tune(opts).await?;
+            if let Some(path) = &self.file {
+                // Rank 0 writes; every rank learns whether it could, so that `init`
+                // fails on all alike rather than on rank 0 alone.
+                let saved = comm.save_tuning(path);
+                let mut ok = [u8::from(saved.is_ok())];
+                comm.broadcast(&mut ok[..], 0).await?;
+                saved?;
+                if ok[0] == 0 {
+                    return Err(Error::config(format!(
+                        "HCOMM_TUNE_FILE={}: rank 0 could not write the tuning table",
+                        path.display()
+                    )));
+                }
+            }
         }
         Ok(comm)
     }
