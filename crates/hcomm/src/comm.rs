@@ -605,10 +605,11 @@ impl<T: LocalTransport> Communicator<T> {
     /// connection's writer sends it straight out of `data`, and the future completes
     /// once the kernel has all of it. Otherwise `data` is copied at the call and the
     /// future completes once the message is handed to the transport. A small message
-    /// over a plain TCP connection (up to `HCOMM_TCP_EAGER` bytes; by default 8 KiB, or
-    /// 4 KiB where the host runs more ranks than it has processors) that is queued rather than written in the call (it comes within 2 µs of the
-    /// last one written to `dst` with nothing received from `dst` since, or behind
-    /// messages already waiting for the connection's writer) completes when its copy
+    /// over a plain TCP connection (up to `HCOMM_TCP_EAGER` bytes; by default 8 KiB,
+    /// or 4 KiB where the host runs more ranks than it has processors) that is queued
+    /// rather than written in the call (it comes within 2 µs of the last one written
+    /// to `dst` with nothing received from `dst` since, or behind messages already
+    /// waiting for the connection's writer) completes when its copy
     /// is queued, as an MPI eager send: the writer task writes what waits in one
     /// system call when the executor next runs it (on a current-thread runtime, when
     /// this task next waits).
