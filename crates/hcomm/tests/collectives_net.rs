@@ -355,6 +355,37 @@ async fn a_rank_failed_by_a_late_mismatch_still_sends_its_record() {
     }
 }
 
+/// The rank at fault reports its own mismatch even when the abort of the finder
+/// comes before the record its check needs: rank 1 names itself the broadcast's
+/// root and returns at once; rank 2 finds the difference in rank 1's record and
+/// aborts the operation on every rank; only then does rank 0 (whose record rank 1
+/// checks) start it. Rank 1's check waits for that record instead of giving up at
+/// the abort (`MISMATCH_RECORD_WAIT`). Over TCP the two arrive in either order, and
+/// `tcp_collectives` failed in 6 of 120 runs when the abort won.
+#[tokio::test(flavor = "current_thread")]
+async fn the_rank_at_fault_reports_its_mismatch_when_the_abort_comes_first() {
+    let comms = hcomm::local(3);
+    let mut bufs = vec![vec![9u32; 6]; 3];
+    let [b0, b1, b2] = &mut bufs[..] else { unreachable!() };
+    let late = comms[0].broadcast(b0, 0);
+    comms[1].broadcast(b1, 1).await.expect("rank 1, the root in its view, sends and returns");
+    let e2 = comms[2].broadcast(b2, 0).await.expect_err("rank 2 finds the difference in rank 1's record");
+    assert!(e2.is_mismatch(), "{e2}");
+    let (settled, r0) = tokio::join!(comms[1].settle_checks(), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        late.await
+    });
+    let e1 = settled.expect_err("rank 1 reports the mismatch it caused");
+    assert!(e1.is_mismatch() && e1.op() == Some(hcomm::OpKind::Broadcast) && e1.seq() == e2.seq(), "{e1}");
+    // Rank 0, a root in its view too, only sends: aborted or not, it has nothing to
+    // receive, and any error of its is the mismatch's.
+    assert!(r0.as_ref().is_ok() || r0.as_ref().is_err_and(hcomm::Error::is_mismatch), "{r0:?}");
+    // The communicator carries on.
+    let mut bufs = vec![vec![5u16; 3]; 3];
+    let res = join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast(b, 2))).await;
+    res.into_iter().for_each(|r| r.unwrap());
+}
+
 /// A rooted collective dropped before its first poll on one rank is aborted on every
 /// rank; a root that had already returned from it stops waiting for that rank's
 /// argument check record, which never comes.
