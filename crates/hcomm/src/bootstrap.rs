@@ -579,10 +579,11 @@ impl Config {
         let mut o = self.stream.clone();
         let here = hosts.iter().filter(|h| hosts.get(self.rank) == Some(h)).count();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if self.auto_eager && here > cores {
+        let crowded = here > cores;
+        if self.auto_eager && crowded {
             o.tcp_eager = o.tcp_eager.min(CROWDED_TCP_EAGER);
         }
-        if self.auto_spin && here > cores {
+        if self.auto_spin && crowded {
             tracing::debug!(
                 rank = self.rank,
                 ranks_here = here,

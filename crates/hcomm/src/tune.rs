@@ -101,9 +101,7 @@ impl Measure {
         if let Some(path) = &self.file {
             let why = match comm.read_tuning(path).await? {
                 Loaded::Table(m) => {
-                    let mut t = comm.tuning().clone();
-                    t.measured = m;
-                    comm.set_tuning(t);
+                    comm.set_measured(m);
                     tracing::debug!(path = %path.display(), "tuning table loaded");
                     return Ok(comm);
                 }
@@ -263,11 +261,16 @@ impl<T: LocalTransport> Communicator<T> {
             reduce_scatter: rs.table(passes),
             alltoall: aa.table(passes),
         };
-        let mut t = self.tuning().clone();
-        t.measured = m.clone();
-        self.set_tuning(t);
+        self.set_measured(m.clone());
         tracing::debug!(?m, "tuned");
         Ok(m)
+    }
+
+    /// Selects by the measured table `m` from now on (forced algorithms still win).
+    pub(crate) fn set_measured(&mut self, m: Measured) {
+        let mut t = self.tuning().clone();
+        t.measured = m;
+        self.set_tuning(t);
     }
 
     /// Times pass `pass` of one family at its size `i`: the algorithms

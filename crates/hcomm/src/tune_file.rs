@@ -193,9 +193,7 @@ impl<T: LocalTransport> Communicator<T> {
     pub async fn load_tuning(&mut self, path: &Path) -> Result<bool> {
         match self.read_tuning(path).await? {
             Loaded::Table(m) => {
-                let mut t = self.tuning().clone();
-                t.measured = m;
-                self.set_tuning(t);
+                self.set_measured(m);
                 Ok(true)
             }
             Loaded::Absent => Ok(false),
@@ -207,7 +205,7 @@ impl<T: LocalTransport> Communicator<T> {
 
     /// What the file at `path` holds for this job, read at rank 0 and broadcast.
     pub(crate) async fn read_tuning(&self, path: &Path) -> Result<Loaded> {
-        let (status, mut bytes) = if self.rank() == 0 { read_at_root(path) } else { (0, Vec::new()) };
+        let (status, mut bytes) = if self.rank() == 0 { read_at_root(path) } else { (ABSENT, Vec::new()) };
         let mut head = [status, bytes.len() as u64];
         self.broadcast(&mut head[..], 0).await?;
         let [status, len] = head;
@@ -215,7 +213,10 @@ impl<T: LocalTransport> Communicator<T> {
             return Err(Error::config(format!("tuning table {}: {len} bytes announced", path.display())));
         }
         bytes.resize(len as usize, 0);
-        self.broadcast(&mut bytes, 0).await?;
+        if len > 0 {
+            // Every rank knows `len`, so all skip this alike when there is nothing.
+            self.broadcast(&mut bytes, 0).await?;
+        }
         let at = |e: Error| Error::config(format!("tuning table {}: {e}", path.display()));
         match status {
             ABSENT => Ok(Loaded::Absent),
