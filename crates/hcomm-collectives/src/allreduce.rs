@@ -10,6 +10,7 @@ use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 use hcomm_topology::{Level, Topology};
 
+use crate::adapt::Contest;
 use crate::exchange::ring_allgatherv_in;
 use crate::exchange::{AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo};
 use crate::rooted::{BCAST_CHAIN_CHUNK_BYTES, BcastAlgo};
@@ -528,6 +529,10 @@ pub struct Measured {
     /// split) ignore it.
     pub ranks: usize,
     pub allreduce: Vec<(usize, AllreduceAlgo)>,
+    /// The allreduce's alternatives to its choice at the sizes of `allreduce` where
+    /// any came close (fastest first): the adaptive selection ([`Tuning::adaptive`])
+    /// keeps timing them there while the job runs, and switches when one gets ahead.
+    pub allreduce_alternatives: Vec<(usize, Vec<AllreduceAlgo>)>,
     pub broadcast: Vec<(usize, BcastAlgo)>,
     pub allgather: Vec<(usize, AllgatherAlgo)>,
     pub reduce_scatter: Vec<(usize, ReduceScatterAlgo)>,
@@ -547,27 +552,44 @@ impl Measured {
         if n != self.ranks {
             return None;
         }
-        // How far `size` is from `bytes` on a log scale, as the ratio hi / lo of the
-        // two (each plus one, at most 2^62 + 1), kept as the fraction (hi, lo).
-        let at_most = |x: usize| x.min(1 << 62) as u128 + 1;
-        let ratio = |size: usize| {
-            let (a, b) = (at_most(bytes), at_most(size));
-            if a >= b { (a, b) } else { (b, a) }
-        };
-        let mut best: Option<((u128, u128), A)> = None;
-        for &(size, algo) in table {
-            let r = ratio(size);
-            // r < best  <=>  r.0 / r.1 < b.0 / b.1  <=>  r.0 * b.1 < b.0 * r.1 (no
-            // overflow: each factor is below 2^63).
-            if best.is_none_or(|(b, _)| r.0 * b.1 < b.0 * r.1) {
-                best = Some((r, algo));
-            }
+        nearest(table, bytes).map(|i| table[i].1)
+    }
+
+    /// Where the adaptive selection decides an allreduce of `bytes` on `n` ranks:
+    /// the measured size nearest to `bytes` (its class), with the choice and the
+    /// alternatives there, if the table has any at that size.
+    pub fn contest(&self, n: usize, bytes: usize) -> Option<Contest> {
+        if n != self.ranks {
+            return None;
         }
-        best.map(|(_, algo)| algo)
+        let (size, first) = self.allreduce[nearest(&self.allreduce, bytes)?];
+        let (_, others) = self.allreduce_alternatives.iter().find(|(s, _)| *s == size)?;
+        Contest::new(size, first, others)
     }
 }
 
-/// How a communicator chooses its algorithms.
+/// The index of the entry of `table` whose size is nearest to `bytes` on a log scale
+/// (the first of equally near ones).
+fn nearest<A>(table: &[(usize, A)], bytes: usize) -> Option<usize> {
+    // How far `size` is from `bytes` on a log scale, as the ratio hi / lo of the
+    // two (each plus one, at most 2^62 + 1), kept as the fraction (hi, lo).
+    let at_most = |x: usize| x.min(1 << 62) as u128 + 1;
+    let ratio = |size: usize| {
+        let (a, b) = (at_most(bytes), at_most(size));
+        if a >= b { (a, b) } else { (b, a) }
+    };
+    let mut best: Option<((u128, u128), usize)> = None;
+    for (i, &(size, _)) in table.iter().enumerate() {
+        let r = ratio(size);
+        // r < best  <=>  r.0 / r.1 < b.0 / b.1  <=>  r.0 * b.1 < b.0 * r.1 (no
+        // overflow: each factor is below 2^63).
+        if best.is_none_or(|(b, _)| r.0 * b.1 < b.0 * r.1) {
+            best = Some((r, i));
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
 /// How rooted collectives (broadcast, reduce, gather, scatter and their v-variants)
 /// and scans make sure that every rank called them with the same arguments. Every
 /// message carries its operation's signature (kind, element type, operator, count,
@@ -619,6 +641,7 @@ impl std::str::FromStr for ArgCheck {
     }
 }
 
+/// How a communicator chooses its algorithms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tuning {
     pub cost: CostModel,
@@ -651,6 +674,12 @@ pub struct Tuning {
     /// Set at `init` from the operating system's count of online processors, which
     /// every rank of one host reads alike.
     pub crowded: Option<Crowded>,
+    /// The adaptive allreduce selection (`HCOMM_ADAPT`, default on): where the
+    /// measured table has alternatives ([`Measured::allreduce_alternatives`]),
+    /// allreduces of 64 KiB and more keep timing the choice and them while the job
+    /// runs, and every rank switches to the fastest at the same call (see
+    /// [`crate::adapt`]). Off, the table decides alone.
+    pub adaptive: bool,
 }
 
 impl Tuning {
@@ -668,12 +697,13 @@ impl Tuning {
             topology_aware: true,
             check_args: ArgCheck::Deferred,
             crowded: None,
+            adaptive: true,
         }
     }
 
     /// Applies `HCOMM_ALGO_ALLREDUCE`, `HCOMM_ALGO_BROADCAST`, `HCOMM_ALGO_ALLGATHER`,
     /// `HCOMM_ALGO_ALLTOALL`, `HCOMM_ALGO_REDUCE_SCATTER` (an algorithm name or `auto`),
-    /// `HCOMM_REPRODUCIBLE`, `HCOMM_TOPO_AWARE`, `HCOMM_CHECK_ARGS` (`0`, `1`, `sync`), and the cost
+    /// `HCOMM_REPRODUCIBLE`, `HCOMM_ADAPT`, `HCOMM_TOPO_AWARE`, `HCOMM_CHECK_ARGS` (`0`, `1`, `sync`), and the cost
     /// parameters `HCOMM_COST_ALPHA_US` (microseconds per message), `HCOMM_COST_GBPS`
     /// (bandwidth of the links between hosts of a rack), `HCOMM_COST_REDUCE_GBPS`,
     /// `HCOMM_COST_HOST_US` / `HCOMM_COST_HOST_GBPS` (links inside a host) and
@@ -702,6 +732,9 @@ impl Tuning {
         }
         if let Some(v) = get("HCOMM_REPRODUCIBLE") {
             self.reproducible = Error::parse_flag("HCOMM_REPRODUCIBLE", &v)?;
+        }
+        if let Some(v) = get("HCOMM_ADAPT") {
+            self.adaptive = Error::parse_flag("HCOMM_ADAPT", &v)?;
         }
         if let Some(v) = get("HCOMM_TOPO_AWARE") {
             self.topology_aware = Error::parse_flag("HCOMM_TOPO_AWARE", &v)?;

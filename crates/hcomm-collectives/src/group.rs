@@ -16,6 +16,7 @@ use hcomm_core::{
 };
 use hcomm_topology::Topology;
 
+use crate::adapt::{ADAPT_MIN_BYTES, Adapt, AdaptChoice, AdaptTicket};
 use crate::allreduce::{AllreduceAlgo, HierPlan, Layout, Tuning};
 use crate::checks::Checks;
 use crate::{AllgatherAlgo, AlltoallAlgo, BcastAlgo, ReduceScatterAlgo};
@@ -47,6 +48,18 @@ pub struct Group<T> {
     memo: Memos,
     /// The deferred argument checks ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)).
     checks: Checks,
+    /// The adaptive allreduce selection ([`crate::adapt`]).
+    adapt: Adapt,
+}
+
+/// How an allreduce chooses its algorithm ([`Group::allreduce_plan`]).
+#[derive(Debug, Clone, Copy)]
+pub enum AllreducePlan {
+    /// This algorithm, known at the call.
+    Now(AllreduceAlgo),
+    /// The adaptive selection's, known when the call runs
+    /// ([`Group::adapt_choose`]).
+    Adaptive(AdaptTicket),
 }
 
 /// The last selections of one collective, by message size and float-ness, in a few
@@ -154,6 +167,7 @@ impl<T: LocalTransport> Group<T> {
             tuning,
             memo: Memos::default(),
             checks: Checks::default(),
+            adapt: Adapt::default(),
         };
         g.lay_out();
         g
@@ -216,6 +230,63 @@ impl<T: LocalTransport> Group<T> {
             return choose();
         }
         self.memo.allreduce.get_or(&AllreduceAlgo::ALL, bytes, float, choose)
+    }
+
+    /// How an allreduce of `bytes` (floats: `float`) chooses its algorithm, called
+    /// when the operation is: as [`Group::allreduce_algo`], except where the
+    /// adaptive selection decides ([`Tuning::adaptive`]: not asked for an algorithm,
+    /// none forced, not a reproducible float reduction, 64 KiB or more, and
+    /// alternatives in the measured table at the nearest size). That call is numbered
+    /// in its class now, so call this once per operation, in call order.
+    pub fn allreduce_plan(&self, bytes: usize, float: bool, asked: Option<AllreduceAlgo>) -> AllreducePlan {
+        let t = &self.tuning;
+        if bytes >= ADAPT_MIN_BYTES
+            && t.adaptive
+            && asked.is_none()
+            && t.allreduce.is_none()
+            && !(t.reproducible && float)
+            && let Some(class) = t.measured.contest(self.size(), bytes)
+        {
+            return AllreducePlan::Adaptive(self.adapt.ticket(self, class, bytes));
+        }
+        AllreducePlan::Now(self.allreduce_algo(bytes, float, asked))
+    }
+
+    /// The algorithm the adaptive selection runs for the call of `ticket`, once the
+    /// ranks' timings a window before have come (normally long before).
+    ///
+    /// # Errors
+    /// A peer's failure, the group's abort, or a timeout naming the rank whose timings
+    /// did not come within the group's timeout; a protocol error for a malformed
+    /// message.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: what the selection waits for is held by the group.
+    pub async fn adapt_choose(&self, ticket: &AdaptTicket) -> Result<AdaptChoice> {
+        self.adapt.choose(ticket).await
+    }
+
+    /// Keeps the time `took` of the call of `ticket`, which ran `choice` and
+    /// succeeded (call it for successful calls only).
+    pub fn adapt_record(&self, ticket: &AdaptTicket, choice: &AdaptChoice, took: Duration) {
+        self.adapt.record(ticket, choice, took);
+    }
+
+    /// The allreduce algorithm an allreduce of `bytes` would run now, as
+    /// [`Group::allreduce_plan`] decides but without numbering a call: where the
+    /// adaptive selection decides, its incumbent (a window's last two calls run the
+    /// other).
+    pub fn allreduce_algo_now(&self, bytes: usize, float: bool) -> AllreduceAlgo {
+        let t = &self.tuning;
+        if bytes >= ADAPT_MIN_BYTES
+            && t.adaptive
+            && t.allreduce.is_none()
+            && !(t.reproducible && float)
+            && let Some(class) = t.measured.contest(self.size(), bytes)
+        {
+            return self.adapt.current(&class);
+        }
+        self.allreduce_algo(bytes, float, None)
     }
 
     /// The broadcast algorithm for `bytes` (see [`Tuning::bcast_algo`]).
@@ -341,6 +412,13 @@ impl<T: LocalTransport> Group<T> {
     /// deadline counts from now.
     pub fn begin_reserved(&self, seq: u64, sig: Signature) -> OpCtx<'_, T> {
         OpCtx::new(self, seq, sig)
+    }
+
+    /// [`Group::begin_reserved`] deferred: the operation `seq` starts when
+    /// [`Unstarted::start`] is called, or, if the guard is dropped first, starts
+    /// with `sig` and is dropped, which tells the peers it was cancelled.
+    pub fn unstarted(&self, seq: u64, sig: Signature) -> Unstarted<'_, T> {
+        Unstarted { g: self, seq, sig: Some(sig) }
     }
 
     /// Bad arguments found before a collective starts still take its sequence number
@@ -932,6 +1010,36 @@ impl<T: LocalTransport> Drop for OpCtx<'_, T> {
             tracing::debug!(seq = self.seq, op = %self.sig.op, "cancelled");
             self.report_done(false);
             self.abort_peers(&e);
+        }
+    }
+}
+
+/// An operation numbered but not started ([`Group::unstarted`]).
+#[derive(Debug)]
+pub struct Unstarted<'g, T: LocalTransport> {
+    g: &'g Group<T>,
+    seq: u64,
+    sig: Option<Signature>,
+}
+
+impl<'g, T: LocalTransport> Unstarted<'g, T> {
+    /// The group the operation is in.
+    pub fn group(&self) -> &'g Group<T> {
+        self.g
+    }
+
+    /// Starts the operation with `sig` (`None`: the placeholder given to
+    /// [`Group::unstarted`]).
+    pub fn start(mut self, sig: Option<Signature>) -> OpCtx<'g, T> {
+        let placeholder = self.sig.take().expect("an operation starts once");
+        self.g.begin_reserved(self.seq, sig.unwrap_or(placeholder))
+    }
+}
+
+impl<T: LocalTransport> Drop for Unstarted<'_, T> {
+    fn drop(&mut self) {
+        if let Some(sig) = self.sig.take() {
+            drop(self.g.begin_reserved(self.seq, sig));
         }
     }
 }

@@ -196,6 +196,12 @@ fn codes(op: u8, dtype: u8, reduce: u8) -> Result<(OpKind, Option<DType>, Option
 /// frame has it.
 pub const RECORDS_SEQ: u64 = u64::MAX - 1;
 
+/// The sequence number of the frames that carry the adaptive allreduce selection's
+/// timings between ranks (crate `hcomm-collectives`, module `adapt`): two
+/// little-endian `u64`s per frame, tagged with the number of the agreement they
+/// belong to. No collective or record frame has it.
+pub const ADAPT_SEQ: u64 = u64::MAX - 2;
+
 /// Length of one signature record: sequence number u64, count u64, operation kind
 /// u8, element type u8 (0: none), reduce operator u8 (0: none), algorithm u8, root
 /// u32 (`u32::MAX`: none); little-endian.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::Either;
 use hcomm_collectives as coll;
 use hcomm_collectives::Group;
 use hcomm_core::events;
@@ -137,9 +138,11 @@ impl<T: LocalTransport> Communicator<T> {
     }
 
     /// The allreduce algorithm an `all_reduce` of `bytes` would run now (floats:
-    /// `float`), by the selection rules of the crate documentation.
+    /// `float`), by the selection rules of the crate documentation: where the
+    /// adaptive selection decides, the algorithm its current window runs (whose
+    /// last two calls run the other).
     pub fn allreduce_algo_for(&self, bytes: usize, float: bool) -> coll::AllreduceAlgo {
-        self.group.allreduce_algo(bytes, float, None)
+        self.group.allreduce_algo_now(bytes, float)
     }
 
     /// Number of levels (host, rack) at which the hierarchical allreduce
@@ -224,14 +227,17 @@ impl<T: LocalTransport> Communicator<T> {
     /// a mismatch error of an earlier rooted collective or scan whose argument check
     /// found a difference after that call had returned here
     /// ([`coll::ArgCheck::Deferred`]; this operation then did not run, and is aborted
-    /// on every rank). The error carries this rank, the operation and its sequence
+    /// on every rank); where the adaptive selection decides ([`coll::adapt`]), a
+    /// timeout naming the rank whose timings did not come before this call's window
+    /// was due. The error carries this rank, the operation and its sequence
     /// number (of the earlier operation, for the last kind).
     ///
     /// # Cancel safety
     /// Not cancel safe for the data: dropping the future leaves `buf` partly reduced.
     /// The communicator stays usable: the dropped operation is aborted on every rank
     /// (their futures of it fail with an aborted error naming this rank), and later
-    /// operations, which have other sequence numbers, are unaffected.
+    /// operations, which have other sequence numbers, are unaffected (the adaptive
+    /// selection's timings are held by the communicator, not by the future).
     pub fn all_reduce<'a, E: Element>(
         &'a self,
         buf: &'a mut [E],
@@ -266,10 +272,18 @@ impl<T: LocalTransport> Communicator<T> {
         asked: Option<coll::AllreduceAlgo>,
     ) -> impl Future<Output = Result<()>> + 'a {
         let bytes = std::mem::size_of_val(buf);
-        let algo = self.group.allreduce_algo(bytes, E::DTYPE.is_float(), asked);
-        let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op, algo));
-        let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
-        coll::allreduce(ctx, buf, op, algo).instrument(span)
+        match self.group.allreduce_plan(bytes, E::DTYPE.is_float(), asked) {
+            coll::AllreducePlan::Now(algo) => {
+                let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op, algo));
+                let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
+                Either::Left(coll::allreduce(ctx, buf, op, algo).instrument(span))
+            }
+            coll::AllreducePlan::Adaptive(ticket) => {
+                let seq = self.group.reserve();
+                let sig = coll::allreduce_signature::<E>(buf.len(), op, ticket.first());
+                Either::Right(adaptive_all_reduce(self.group.unstarted(seq, sig), ticket, buf, op))
+            }
+        }
     }
 
     /// [`Communicator::all_reduce`] on an owned buffer, for a future that must be
@@ -292,13 +306,21 @@ impl<T: LocalTransport> Communicator<T> {
     where
         T: 'static,
     {
-        let algo = self.group.allreduce_algo(std::mem::size_of_val(&buf[..]), E::DTYPE.is_float(), None);
+        let plan = self.group.allreduce_plan(std::mem::size_of_val(&buf[..]), E::DTYPE.is_float(), None);
+        let algo = match plan {
+            coll::AllreducePlan::Now(algo) => algo,
+            coll::AllreducePlan::Adaptive(ticket) => ticket.first(),
+        };
         let sig = coll::allreduce_signature::<E>(buf.len(), op, algo);
         let ticket = Reserved { comm: self.clone(), seq: self.group.reserve(), sig: Some(sig) };
         async move {
             let mut ticket = ticket;
             let sig = ticket.sig.take().expect("a ticket starts once");
-            let ctx = ticket.comm.group.begin_reserved(ticket.seq, sig);
+            let group = &ticket.comm.group;
+            if let coll::AllreducePlan::Adaptive(adapt) = plan {
+                return adaptive_all_reduce(group.unstarted(ticket.seq, sig), adapt, &mut buf, op).await.map(|()| buf);
+            }
+            let ctx = group.begin_reserved(ticket.seq, sig);
             let span = tracing::debug_span!("allreduce", seq = ticket.seq, count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
             coll::allreduce(ctx, &mut buf, op, algo).instrument(span).await.map(|()| buf)
         }
@@ -1280,6 +1302,29 @@ impl<T: LocalTransport> Drop for Communicator<T> {
             crate::stats::flush(self.group.world_rank(self.group.rank()) as u32);
         }
     }
+}
+
+/// An allreduce whose algorithm the adaptive selection chooses when it runs
+/// ([`coll::adapt`]): numbered at its call (`op`, unstarted), it waits, if need be,
+/// for the agreement that decides its window, runs, and keeps its time.
+async fn adaptive_all_reduce<T: LocalTransport, E: Element>(
+    op: coll::Unstarted<'_, T>,
+    ticket: coll::AdaptTicket,
+    buf: &mut [E],
+    reduce: ReduceOp,
+) -> Result<()> {
+    let group = op.group();
+    let choice = match group.adapt_choose(&ticket).await {
+        Ok(c) => c,
+        Err(e) => return op.start(None).finish(Err(e)),
+    };
+    let algo = choice.algo;
+    let ctx = op.start(Some(coll::allreduce_signature::<E>(buf.len(), reduce, algo)));
+    let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %reduce, algo = algo.name());
+    let start = std::time::Instant::now();
+    coll::allreduce(ctx, buf, reduce, algo).instrument(span).await?;
+    group.adapt_record(&ticket, &choice, start.elapsed());
+    Ok(())
 }
 
 /// A collective numbered at its call but not started yet. Dropped unstarted, it

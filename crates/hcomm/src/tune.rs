@@ -256,6 +256,7 @@ impl<T: LocalTransport> Communicator<T> {
         let m = Measured {
             ranks: n,
             allreduce: ar.table(passes),
+            allreduce_alternatives: ar.alternatives(passes),
             broadcast: bc.table(passes),
             allgather: ag.table(passes),
             reduce_scatter: rs.table(passes),
@@ -276,7 +277,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// Times pass `pass` of one family at its size `i`: the algorithms
     /// [`contenders`] names, with `run` (in a later pass, two at a time: see
     /// [`knockout`]), recorded in `f` (and in a debug event, `tune timed`).
-    async fn time_pass<A: Copy + std::fmt::Debug>(
+    async fn time_pass<A: Copy + PartialEq + std::fmt::Debug>(
         &self,
         f: &mut Family<A>,
         i: usize,
@@ -362,6 +363,14 @@ impl<T: LocalTransport> Communicator<T> {
 /// to back 1.1-1.5x at 4 MiB (BENCHMARKS.md).
 const CONTEND: f64 = 1.25;
 
+/// How far behind the first pass's best at a size an algorithm may be and still be
+/// an alternative the adaptive selection keeps timing while the job runs
+/// (`hcomm_collectives::adapt`). Times move that far: on 4 ranks over TCP on 2
+/// processors, the ring's 1 MiB allreduce took 1.27x Rabenseifner's in a tuner's
+/// first pass and 0.92x a minute later (BENCHMARKS.md, session 24). Each window of 16
+/// calls runs an alternative twice, so one 1.5x behind costs at most 6% there.
+const ALTERNATIVE: f64 = 1.5;
+
 /// How near the first pass's two best algorithms at a size must be for a later pass
 /// to time them twice as often again: the later passes' medians of 10-16 rounds
 /// (at 1-16 MiB) had picked, at 4 sizes in 422, an algorithm that took 1.11-1.23x
@@ -420,7 +429,7 @@ struct Family<A> {
     later: Vec<Vec<f64>>,
 }
 
-impl<A: Copy + std::fmt::Debug> Family<A> {
+impl<A: Copy + PartialEq + std::fmt::Debug> Family<A> {
     fn new(name: &'static str, algos: &[A], sizes: &[usize]) -> Family<A> {
         let zero = vec![vec![0.0; algos.len()]; sizes.len()];
         Family { name, sizes: sizes.to_vec(), algos: algos.to_vec(), first: zero.clone(), later: zero }
@@ -429,6 +438,23 @@ impl<A: Copy + std::fmt::Debug> Family<A> {
     /// The choice at each size: by the later passes if there were any.
     fn table(&self, passes: usize) -> Vec<(usize, A)> {
         fastest(&self.sizes, if passes > 1 { &self.later } else { &self.first }, &self.first, &self.algos)
+    }
+
+    /// The alternatives to the choice at each size where any came within
+    /// [`ALTERNATIVE`] of the first pass's best there, fastest first by that pass.
+    fn alternatives(&self, passes: usize) -> Vec<(usize, Vec<A>)> {
+        let mut out = Vec::new();
+        for (&(size, pick), row) in self.table(passes).iter().zip(&self.first) {
+            let best = row.iter().copied().fold(f64::INFINITY, f64::min);
+            let mut near: Vec<usize> = (0..row.len())
+                .filter(|&j| self.algos[j] != pick && row[j].is_finite() && row[j] <= best * ALTERNATIVE)
+                .collect();
+            near.sort_by(|&a, &b| row[a].total_cmp(&row[b]));
+            if !near.is_empty() {
+                out.push((size, near.into_iter().map(|j| self.algos[j]).collect()));
+            }
+        }
+        out
     }
 
     /// A debug event with what one timing at size `i` measured (seconds in `times`,
@@ -596,6 +622,22 @@ mod tests {
         assert_eq!(later, vec![2.2, 2.0, f64::INFINITY, f64::INFINITY]);
         assert_eq!(first, vec![1.0, 1.2, 1.3, 2.0]);
         assert_eq!(fastest(&[8], &[later], &[first], &['a', 'b', 'c', 'd']), vec![(8, 'b')]);
+    }
+
+    #[test]
+    fn alternatives_are_those_within_range_of_the_first_pass_best() {
+        let mut f = Family::new("allreduce", &['a', 'b', 'c'], &[8, 16, 32]);
+        f.first = vec![vec![1.0, 1.2, 3.0], vec![1.0, 1.6, 1.45], vec![2.0, 1.0, f64::INFINITY]];
+        // One pass: its times decide. At 8, b is within 1.5x (c is not); at 16, c
+        // only; at 32 the choice is b and a is 2x behind.
+        assert_eq!(f.table(1), vec![(8, 'a'), (16, 'a'), (32, 'b')]);
+        assert_eq!(f.alternatives(1), vec![(8, vec!['b']), (16, vec!['c'])]);
+        // Where the later passes chose another, the first pass's best is an
+        // alternative, and the others by their first-pass times.
+        f.first[1] = vec![1.0, 1.1, 1.05];
+        f.later = vec![vec![2.0, 2.2, f64::INFINITY], vec![2.1, f64::INFINITY, 2.0], vec![2.1, 2.0, f64::INFINITY]];
+        assert_eq!(f.table(2), vec![(8, 'a'), (16, 'c'), (32, 'b')]);
+        assert_eq!(f.alternatives(2), vec![(8, vec!['b']), (16, vec!['a', 'b'])]);
     }
 
     #[test]

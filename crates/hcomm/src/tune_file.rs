@@ -49,6 +49,10 @@ struct File {
     format: u32,
     job: Shape,
     allreduce: Vec<(usize, String)>,
+    /// The allreduce's alternatives where any came close (absent in files written
+    /// before the adaptive selection).
+    #[serde(default)]
+    allreduce_alternatives: Vec<(usize, Vec<String>)>,
     broadcast: Vec<(usize, String)>,
     allgather: Vec<(usize, String)>,
     reduce_scatter: Vec<(usize, String)>,
@@ -81,6 +85,22 @@ fn algos<A: std::str::FromStr<Err = Error>>(family: &str, table: &[(usize, Strin
     Ok(out)
 }
 
+/// The allreduce's alternatives as the file names them: sizes in increasing order,
+/// algorithms by name.
+fn alternatives(table: &[(usize, Vec<String>)]) -> Result<Vec<(usize, Vec<AllreduceAlgo>)>> {
+    let mut out: Vec<(usize, Vec<AllreduceAlgo>)> = Vec::with_capacity(table.len());
+    for (b, names) in table {
+        if out.last().is_some_and(|(prev, _)| prev >= b) {
+            return Err(Error::config(format!("allreduce_alternatives: sizes not in increasing order at {b}")));
+        }
+        let parsed = names
+            .iter()
+            .map(|n| n.parse().map_err(|e: Error| Error::config(format!("allreduce_alternatives at {b} bytes: {e}"))));
+        out.push((*b, parsed.collect::<Result<Vec<AllreduceAlgo>>>()?));
+    }
+    Ok(out)
+}
+
 fn shape_of<T: LocalTransport>(comm: &Communicator<T>) -> Shape {
     let topo = comm.topology();
     Shape {
@@ -96,6 +116,11 @@ fn encode(shape: Shape, m: &Measured) -> String {
         format: FORMAT,
         job: shape,
         allreduce: names(&m.allreduce),
+        allreduce_alternatives: m
+            .allreduce_alternatives
+            .iter()
+            .map(|(b, algos)| (*b, algos.iter().map(ToString::to_string).collect()))
+            .collect(),
         broadcast: names(&m.broadcast),
         allgather: names(&m.allgather),
         reduce_scatter: names(&m.reduce_scatter),
@@ -119,6 +144,7 @@ fn decode(bytes: &[u8], shape: &Shape) -> Result<Loaded> {
     Ok(Loaded::Table(Measured {
         ranks: f.job.ranks,
         allreduce: algos::<AllreduceAlgo>("allreduce", &f.allreduce)?,
+        allreduce_alternatives: alternatives(&f.allreduce_alternatives)?,
         broadcast: algos::<BcastAlgo>("broadcast", &f.broadcast)?,
         allgather: algos::<AllgatherAlgo>("allgather", &f.allgather)?,
         reduce_scatter: algos::<ReduceScatterAlgo>("reduce_scatter", &f.reduce_scatter)?,
@@ -242,6 +268,7 @@ mod tests {
                 (65536, AllreduceAlgo::Rabenseifner),
                 (1 << 20, AllreduceAlgo::Ring),
             ],
+            allreduce_alternatives: vec![(1 << 20, vec![AllreduceAlgo::Tree, AllreduceAlgo::Rabenseifner])],
             broadcast: vec![(8, BcastAlgo::Binomial), (1 << 20, BcastAlgo::Chain)],
             allgather: vec![(8, AllgatherAlgo::Bruck)],
             reduce_scatter: vec![(8, ReduceScatterAlgo::RecursiveHalving)],
@@ -258,6 +285,13 @@ mod tests {
         let text = encode(shape(), &table());
         match decode(text.as_bytes(), &shape()).unwrap() {
             Loaded::Table(m) => assert_eq!(m, table()),
+            other => panic!("{other:?}"),
+        }
+        // A file written before the alternatives were kept loads without them.
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("allreduce_alternatives").unwrap();
+        match decode(old.to_string().as_bytes(), &shape()).unwrap() {
+            Loaded::Table(m) => assert_eq!(m, Measured { allreduce_alternatives: Vec::new(), ..table() }),
             other => panic!("{other:?}"),
         }
     }
@@ -286,6 +320,7 @@ mod tests {
             "not json".into(),
             good.replace("\"format\": 1", "\"format\": 2"),
             good.replace("\"ring\"", "\"spiral\""),
+            good.replace("\"tree\"", "\"spiral\""),
             good.replace("\"format\": 1", "\"format\": 1, \"extra\": 3"),
             good.replace("65536", "1048577"),
             good.replace("\"ranks\": 4", "\"ranks\": 3"),

@@ -1,0 +1,623 @@
+//! The adaptive allreduce selection: where the measured table
+//! ([`Measured`](crate::Measured)) has alternatives close to its choice, the ranks
+//! keep timing them while the job runs and switch together when one gets ahead.
+//!
+//! Why: on ranks that share processors, the algorithms' times drift over a job.
+//! On 4 ranks over TCP on 2 processors, Rabenseifner's allreduce got 2-9% slower
+//! after the tuning, and the binomial tree's time is bimodal, so a table fixed at
+//! tuning time lost 0-2 sizes per run by more than 10% (BENCHMARKS.md, session 23).
+//!
+//! How, for the allreduces of one *class* (the measured size nearest to theirs),
+//! counted in call order on every rank alike:
+//! - The calls go in windows of [`WINDOW`]. In each, the last two run one of the
+//!   candidates that is not the window's incumbent (each in turn, window after
+//!   window), the others the incumbent. A call's time is kept (per rank, the last
+//!   [`SAMPLES`] per algorithm, scaled to the class's size) only if the call before
+//!   it ran the same algorithm: the first call after a switch of pattern pays for it
+//!   on crowded ranks.
+//! - At the first call of each window from the second on, every rank sends its
+//!   medians to every other rank (one number per candidate, posted at the call:
+//!   nothing waits for them), an *agreement*. Its result, the slowest rank's median
+//!   per algorithm, is the same on every rank.
+//! - The incumbent of window `w` (from 2 on) is that of `w - 1`, unless the
+//!   agreement made at window `w - 1` has another candidate [`SWITCH`] times faster
+//!   (then the fastest). Windows 0 and 1 take the table's choice.
+//!
+//! So every rank runs the same algorithm at the same call without any rank waiting
+//! for a decision: a call of window `w` needs the agreement made a whole window
+//! before, whose messages left when the ranks made that call. Cancel safety: the
+//! agreements' messages are posted, and their receives held, by the communicator,
+//! not by a call's future, so dropping a call loses nothing another call needs.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::Shared;
+use hcomm_core::wire::ADAPT_SEQ;
+use hcomm_core::{DType, Error, ErrorKind, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature};
+use parking_lot::Mutex;
+
+use crate::{AllreduceAlgo, Group};
+
+/// Calls of a class per window: two of them time the alternative. At 512 KiB on 4
+/// ranks over TCP on 2 processors, an agreement's three 16-byte messages per rank
+/// cost about what 1% of a window's allreduces do.
+pub const WINDOW: u64 = 16;
+
+/// The smallest allreduce (bytes) the selection adapts: below, one call takes tens
+/// of microseconds, and keeping its time would cost a few percent of it.
+pub const ADAPT_MIN_BYTES: usize = 64 << 10;
+
+/// Timings kept per rank and algorithm in a class: the median of these is what the
+/// rank sends. An alternative gets one per window it is timed in.
+pub const SAMPLES: usize = 5;
+
+/// The most algorithms a class weighs: every allreduce the selection chooses from.
+pub const MAX_CANDIDATES: usize = 5;
+
+/// How much faster the other algorithm must be, as agreed, for the ranks to switch:
+/// a margin against switching back and forth on noise.
+pub const SWITCH: f64 = 1.03;
+
+/// Medians as agreed, per candidate (nanoseconds; 0 for no timing).
+type Times = [u64; MAX_CANDIDATES];
+
+type Agreement = Shared<Pin<Box<dyn Future<Output = Result<Times>> + Send>>>;
+
+/// A class of the selection: a measured size and its candidates, the table's
+/// choice first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Contest {
+    bytes: usize,
+    algos: [AllreduceAlgo; MAX_CANDIDATES],
+    len: u8,
+}
+
+impl Contest {
+    /// The class of measured size `bytes` with `choice` and the `others` after it
+    /// (those beyond [`MAX_CANDIDATES`], and repeats, are left out). `None` without
+    /// another.
+    pub fn new(bytes: usize, choice: AllreduceAlgo, others: &[AllreduceAlgo]) -> Option<Contest> {
+        let mut c = Contest { bytes, algos: [choice; MAX_CANDIDATES], len: 1 };
+        for &a in others {
+            if usize::from(c.len) < MAX_CANDIDATES && !c.candidates().contains(&a) {
+                c.algos[usize::from(c.len)] = a;
+                c.len += 1;
+            }
+        }
+        (c.len > 1).then_some(c)
+    }
+
+    /// The candidates, the table's choice first.
+    pub fn candidates(&self) -> &[AllreduceAlgo] {
+        &self.algos[..usize::from(self.len)]
+    }
+
+    /// The measured size.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// What a call of the adaptive selection takes from its call to its run: its class
+/// and its number in it.
+#[derive(Debug, Clone, Copy)]
+pub struct AdaptTicket {
+    class: Contest,
+    call: u64,
+    bytes: usize,
+}
+
+impl AdaptTicket {
+    /// The table's choice for this call's class (a placeholder for the signature of
+    /// a call that fails before it runs).
+    pub fn first(&self) -> AllreduceAlgo {
+        self.class.algos[0]
+    }
+}
+
+/// The algorithm a call runs, and whether its time is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct AdaptChoice {
+    pub algo: AllreduceAlgo,
+    slot: usize,
+    keep: bool,
+}
+
+/// The adaptive selection's state of one group.
+#[derive(Default)]
+pub(crate) struct Adapt {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Adapt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adapt").field("classes", &self.state.lock().classes.len()).finish()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// By class (a later table with other candidates at a size starts a class of
+    /// its own; every rank changes tables at the same call, so the classes stay
+    /// alike).
+    classes: HashMap<Contest, Class>,
+    /// The number of the next agreement (its messages' tag), over all classes.
+    next_tag: u32,
+}
+
+struct Class {
+    /// The number of candidates.
+    k: usize,
+    calls: u64,
+    /// Kept timings (nanoseconds, scaled to the class's size) per slot: the
+    /// candidates' order.
+    samples: Vec<VecDeque<u64>>,
+    /// The incumbent slot of each window decided so far (a byte per window: 16
+    /// calls).
+    decided: Vec<u8>,
+    /// The agreements not yet used, made at windows `first_agreement` on.
+    agreements: VecDeque<Agreement>,
+    first_agreement: u64,
+}
+
+impl Class {
+    fn new(k: usize) -> Class {
+        Class {
+            k,
+            calls: 0,
+            samples: vec![VecDeque::new(); k],
+            decided: Vec::new(),
+            agreements: VecDeque::new(),
+            first_agreement: 1,
+        }
+    }
+
+    /// This rank's median per slot (0 where none is kept).
+    fn medians(&self) -> Times {
+        let mut out = [0; MAX_CANDIDATES];
+        for (m, s) in out.iter_mut().zip(&self.samples) {
+            let mut v: Vec<u64> = s.iter().copied().collect();
+            v.sort_unstable();
+            *m = v.get(v.len() / 2).copied().unwrap_or(0);
+        }
+        out
+    }
+
+    /// Decides windows up to `w`, in order: `Ok` when done, else the agreement to
+    /// wait for (or the error it ended with).
+    fn decide(&mut self, w: u64, class: &Contest) -> std::result::Result<(), Step> {
+        while self.decided.len() as u64 <= w {
+            let v = self.decided.len() as u64;
+            let Some(prev) = self.decided.last().map(|&p| usize::from(p)).filter(|_| v >= 2) else {
+                self.decided.push(0);
+                continue;
+            };
+            let a = &self.agreements[(v - 1 - self.first_agreement) as usize];
+            match a.peek() {
+                None => return Err(Step::Wait(a.clone())),
+                Some(Err(e)) => return Err(Step::Failed(e.clone())),
+                Some(Ok(times)) => {
+                    let next = incumbent(prev, &times[..self.k]);
+                    if next != prev {
+                        tracing::debug!(
+                            target: "hcomm::adapt",
+                            bytes = class.bytes,
+                            window = v,
+                            from = class.algos[prev].name(),
+                            to = class.algos[next].name(),
+                            algos = ?class.candidates(),
+                            times_us = ?times[..self.k].iter().map(|&t| t as f64 / 1e3).collect::<Vec<_>>(),
+                            "allreduce selection switched"
+                        );
+                    }
+                    self.decided.push(next as u8);
+                    self.agreements.pop_front();
+                    self.first_agreement += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot call `call` runs, once its window is decided.
+    fn slot(&self, call: u64) -> usize {
+        let w = call / WINDOW;
+        let inc = usize::from(self.decided[w as usize]);
+        if call % WINDOW < WINDOW - 2 {
+            return inc;
+        }
+        // The other candidates in turn: the `w mod (k - 1)`-th of those not `inc`.
+        let nth = (w % (self.k as u64 - 1)) as usize;
+        (0..self.k).filter(|&j| j != inc).nth(nth).expect("k - 1 others")
+    }
+}
+
+enum Step {
+    Wait(Agreement),
+    Failed(Error),
+}
+
+/// The incumbent after `prev`, given the agreed times per slot (0: none): the
+/// fastest, if [`SWITCH`] times faster than `prev`.
+pub fn incumbent(prev: usize, times: &[u64]) -> usize {
+    let best = (0..times.len()).filter(|&j| times[j] > 0).min_by_key(|&j| times[j]);
+    match best {
+        Some(b) if times[prev] > 0 && (times[b] as f64) * SWITCH < times[prev] as f64 => b,
+        _ => prev,
+    }
+}
+
+impl Adapt {
+    /// Numbers a call of `class` (see [`crate::Measured::contest`]) of `bytes`, at
+    /// its call; at the first call of a window from the second on, posts this rank's
+    /// timings to every other rank and registers the receives of theirs.
+    pub(crate) fn ticket<T: LocalTransport>(&self, g: &Group<T>, class: Contest, bytes: usize) -> AdaptTicket {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        let c = s.classes.entry(class).or_insert_with(|| Class::new(class.candidates().len()));
+        let call = c.calls;
+        c.calls += 1;
+        if call > 0 && call % WINDOW == 0 {
+            c.agreements.push_back(agreement(g, s.next_tag, c.medians(), c.k));
+            s.next_tag = s.next_tag.wrapping_add(1);
+        }
+        AdaptTicket { class, call, bytes }
+    }
+
+    /// The algorithm call `t` runs: waits, if need be, for the agreement that
+    /// decides its window.
+    ///
+    /// # Errors
+    /// The agreement's: a peer's failure, the communicator's abort, a timeout naming
+    /// the rank whose timings did not come, a protocol error for a malformed message.
+    pub(crate) async fn choose(&self, t: &AdaptTicket) -> Result<AdaptChoice> {
+        loop {
+            let wait = {
+                let mut s = self.state.lock();
+                let c = s.classes.get_mut(&t.class).expect("a ticket's class stays");
+                match c.decide(t.call / WINDOW, &t.class) {
+                    Ok(()) => {
+                        let slot = c.slot(t.call);
+                        let keep = t.call > 0 && c.slot(t.call - 1) == slot;
+                        return Ok(AdaptChoice { algo: t.class.algos[slot], slot, keep });
+                    }
+                    Err(Step::Failed(e)) => return Err(e),
+                    Err(Step::Wait(a)) => a,
+                }
+            };
+            // The outcome is read back through `peek` in `decide`.
+            let _ = wait.await;
+        }
+    }
+
+    /// Keeps the time of call `t` (which ran `choice` and succeeded), if it is one
+    /// to keep.
+    pub(crate) fn record(&self, t: &AdaptTicket, choice: &AdaptChoice, took: Duration) {
+        if !choice.keep || t.bytes == 0 {
+            return;
+        }
+        let scaled = (took.as_nanos() * t.class.bytes as u128 / t.bytes as u128).min(u64::MAX as u128) as u64;
+        let mut s = self.state.lock();
+        if let Some(c) = s.classes.get_mut(&t.class) {
+            let q = &mut c.samples[choice.slot];
+            if q.len() == SAMPLES {
+                q.pop_front();
+            }
+            q.push_back(scaled.max(1));
+        }
+    }
+
+    /// The incumbent algorithm of `class` now (the table's choice before any
+    /// decision).
+    pub(crate) fn current(&self, class: &Contest) -> AllreduceAlgo {
+        let s = self.state.lock();
+        let slot = s.classes.get(class).and_then(|c| c.decided.last().copied()).unwrap_or(0);
+        class.algos[usize::from(slot)]
+    }
+}
+
+/// Posts the first `k` of `mine` to every other rank of `g` under `tag` (`k`
+/// little-endian `u64`) and returns the agreement: the element-wise maximum of
+/// every rank's, once all came, within the group's timeout from now.
+fn agreement<T: LocalTransport>(g: &Group<T>, tag: u32, mine: Times, k: usize) -> Agreement {
+    let len = 8 * k;
+    let sig = Signature {
+        op: OpKind::AllReduce,
+        dtype: Some(DType::U64),
+        reduce: Some(ReduceOp::Max),
+        count: k as u64,
+        root: None,
+        algo: 0,
+    };
+    let msg: Vec<u8> = mine[..k].iter().flat_map(|t| t.to_le_bytes()).collect();
+    let me = g.world_rank(g.rank());
+    let mailbox = g.transport().mailbox().clone();
+    let mut recvs = Vec::with_capacity(g.size().saturating_sub(1));
+    for r in (0..g.size()).filter(|&r| r != g.rank()) {
+        let peer = g.world_rank(r);
+        let h = Header::data(me, g.comm_id(), ADAPT_SEQ, tag, &sig, len);
+        g.transport().post(peer, h, Bytes::copy_from_slice(&msg));
+        let key = MatchKey { src: peer, comm: g.comm_id(), seq: ADAPT_SEQ, tag };
+        recvs.push((r, peer, mailbox.recv(key)));
+    }
+    let timeout = g.timeout();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let fut = async move {
+        let mut agreed = mine;
+        for (r, peer, recv) in recvs {
+            let frame = match tokio::time::timeout_at(deadline, recv).await {
+                Ok(f) => f?,
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!("rank {r} did not send its allreduce timings (agreement {tag}) within {timeout:?}"),
+                    )
+                    .with_peer(peer));
+                }
+            };
+            let p = &frame.payload;
+            if p.len() != len {
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!("rank {r}'s allreduce timings (agreement {tag}) are {} bytes, not {len}", p.len()),
+                )
+                .with_peer(peer));
+            }
+            for (t, v) in agreed.iter_mut().zip(p.chunks_exact(8)) {
+                *t = (*t).max(u64::from_le_bytes(v.try_into().expect("8 bytes")));
+            }
+        }
+        Ok(agreed)
+    };
+    let boxed: Pin<Box<dyn Future<Output = Result<Times>> + Send>> = Box::pin(fut);
+    boxed.shared()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use hcomm_topology::{Placement, Topology};
+    use hcomm_transport::MemTransport;
+
+    use super::*;
+    use crate::{AllreducePlan, Measured};
+
+    const CLASS: usize = 1 << 20;
+    const FIRST: AllreduceAlgo = AllreduceAlgo::Tree;
+    const SECOND: AllreduceAlgo = AllreduceAlgo::Ring;
+
+    /// `n` groups over the in-process transport whose table has `FIRST` and
+    /// `others` contending at `CLASS` bytes.
+    fn groups_with(n: usize, timeout: Duration, others: &[AllreduceAlgo]) -> Vec<Group<MemTransport>> {
+        let topo = Topology::from_placements(&vec![Placement::on_host("h"); n]);
+        MemTransport::group(n)
+            .into_iter()
+            .map(|t| {
+                let mut g = Group::world(Arc::new(t), 0, topo.clone(), timeout).unwrap();
+                let mut tuning = g.tuning().clone();
+                tuning.measured = Measured {
+                    ranks: n,
+                    allreduce: vec![(8, AllreduceAlgo::RecursiveDoubling), (CLASS, FIRST)],
+                    allreduce_alternatives: vec![(CLASS, others.to_vec())],
+                    ..Measured::default()
+                };
+                g.set_tuning(tuning);
+                g
+            })
+            .collect()
+    }
+
+    /// `n` groups where `FIRST` and `SECOND` contend.
+    fn groups(n: usize, timeout: Duration) -> Vec<Group<MemTransport>> {
+        groups_with(n, timeout, &[SECOND])
+    }
+
+    fn ticket(g: &Group<MemTransport>, bytes: usize) -> AdaptTicket {
+        match g.allreduce_plan(bytes, true, None) {
+            AllreducePlan::Adaptive(t) => t,
+            AllreducePlan::Now(a) => panic!("{bytes} bytes: not adaptive, {a}"),
+        }
+    }
+
+    /// Makes call after call on every rank, each rank "taking" `took(rank, algo)`;
+    /// returns the algorithm of each call (the same on every rank, checked).
+    async fn drive(
+        gs: &[Group<MemTransport>],
+        calls: u64,
+        took: impl Fn(usize, AllreduceAlgo) -> Duration,
+    ) -> Vec<AllreduceAlgo> {
+        let mut ran = Vec::new();
+        for _ in 0..calls {
+            let ts: Vec<AdaptTicket> = gs.iter().map(|g| ticket(g, CLASS)).collect();
+            let cs = futures::future::join_all(gs.iter().zip(&ts).map(|(g, t)| g.adapt_choose(t))).await;
+            let cs: Vec<AdaptChoice> = cs.into_iter().map(Result::unwrap).collect();
+            assert!(cs.iter().all(|c| c.algo == cs[0].algo), "ranks chose apart: {cs:?}");
+            for (r, ((g, t), c)) in gs.iter().zip(&ts).zip(&cs).enumerate() {
+                g.adapt_record(t, c, took(r, c.algo));
+            }
+            ran.push(cs[0].algo);
+        }
+        ran
+    }
+
+    fn ms(x: u64) -> Duration {
+        Duration::from_millis(x)
+    }
+
+    #[test]
+    fn the_incumbent_changes_only_for_a_clear_lead_of_known_times() {
+        assert_eq!(incumbent(0, &[100, 90]), 1);
+        assert_eq!(incumbent(0, &[100, 98]), 0, "within the margin");
+        assert_eq!(incumbent(1, &[90, 100]), 0);
+        assert_eq!(incumbent(1, &[99, 100]), 1);
+        assert_eq!(incumbent(0, &[100, 0]), 0, "no time of the other");
+        assert_eq!(incumbent(0, &[0, 50]), 0, "no time of the incumbent");
+        // Of three, the fastest, if clearly ahead of the incumbent.
+        assert_eq!(incumbent(0, &[100, 95, 80]), 2);
+        assert_eq!(incumbent(2, &[100, 95, 80]), 2);
+        assert_eq!(incumbent(1, &[100, 95, 0]), 1);
+        assert_eq!(incumbent(1, &[93, 95, 0]), 1, "within the margin");
+    }
+
+    #[test]
+    fn two_calls_per_window_time_the_alternative_and_first_calls_after_a_switch_are_not_kept() {
+        let mut c = Class::new(2);
+        c.decided = vec![0, 0, 1];
+        let slots: Vec<usize> = (0..3 * WINDOW).map(|k| c.slot(k)).collect();
+        for w in 0..3 {
+            let inc = usize::from(c.decided[w as usize]);
+            for o in 0..WINDOW {
+                let want = if o >= WINDOW - 2 { 1 - inc } else { inc };
+                assert_eq!(slots[(w * WINDOW + o) as usize], want, "window {w} offset {o}");
+            }
+        }
+        // Kept: a call after one of the same slot.
+        let kept = (1..3 * WINDOW).filter(|&k| c.slot(k) == c.slot(k - 1)).count();
+        // Windows 0 and 1: 13 of the incumbent after the first, 1 alternative; window 2
+        // (incumbent 1, whose first call follows window 1's alternative, also 1): 14
+        // of the incumbent, then 1 of the alternative (0).
+        assert_eq!(kept, 13 + 1 + 13 + 1 + 14 + 1);
+    }
+
+    #[test]
+    fn medians_are_per_slot_and_zero_without_timings() {
+        let mut c = Class::new(2);
+        c.samples[0].extend([5, 1, 9]);
+        assert_eq!(c.medians(), [5, 0, 0, 0, 0]);
+        c.samples[1].extend([4, 8]);
+        assert_eq!(c.medians(), [5, 8, 0, 0, 0]);
+    }
+
+    #[test]
+    fn with_three_candidates_the_others_take_turns() {
+        let mut c = Class::new(3);
+        c.decided = vec![0, 0, 2, 2];
+        let alt = |w: u64| c.slot(w * WINDOW + WINDOW - 1);
+        // Window 0: the first of the others (1); window 1: the second (2); window 2
+        // (incumbent 2): the first of 0 and 1 (1)... in turn by the window number.
+        assert_eq!([alt(0), alt(1), alt(2), alt(3)], [1, 2, 0, 1]);
+        assert_eq!(c.slot(2 * WINDOW), 2);
+        let k = Contest::new(8, FIRST, &[SECOND, FIRST, SECOND, AllreduceAlgo::Rabenseifner]).unwrap();
+        assert_eq!(k.candidates(), [FIRST, SECOND, AllreduceAlgo::Rabenseifner]);
+        assert!(Contest::new(8, FIRST, &[FIRST]).is_none());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn every_rank_switches_at_the_same_call_by_the_slowest_ranks_times() {
+        let gs = groups(3, Duration::from_secs(10));
+        // The table's choice is faster on ranks 1 and 2 but not on rank 0: by the
+        // slowest rank's times (3 ms against 2), the runner-up leads.
+        let ran = drive(&gs, 4 * WINDOW, |r, a| {
+            if a == SECOND {
+                ms(2)
+            } else if r == 0 {
+                ms(3)
+            } else {
+                ms(1)
+            }
+        })
+        .await;
+        let w = WINDOW as usize;
+        for (k, a) in ran.iter().enumerate() {
+            let (window, offset) = (k / w, k % w);
+            let inc = if window < 2 { FIRST } else { SECOND };
+            let alt = if inc == FIRST { SECOND } else { FIRST };
+            assert_eq!(*a, if offset >= w - 2 { alt } else { inc }, "call {k}");
+        }
+        assert!(gs.iter().all(|g| g.allreduce_algo_now(CLASS, true) == SECOND));
+        // Other sizes of the class share it; below 64 KiB and forced calls do not adapt.
+        assert!(matches!(gs[0].allreduce_plan(CLASS * 3 / 2, true, None), AllreducePlan::Adaptive(_)));
+        assert!(matches!(gs[0].allreduce_plan(ADAPT_MIN_BYTES - 4, true, None), AllreducePlan::Now(_)));
+        assert!(matches!(gs[0].allreduce_plan(CLASS, true, Some(FIRST)), AllreducePlan::Now(FIRST)));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_selection_switches_back_and_ignores_small_leads() {
+        let gs = groups(2, Duration::from_secs(10));
+        // Ahead by 2% only: no switch.
+        let ran = drive(&gs, 4 * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
+        assert!(ran.iter().enumerate().all(|(k, a)| (*a == FIRST) == (k as u64 % WINDOW < WINDOW - 2)));
+        // The runner-up clearly ahead, then clearly behind again.
+        drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
+        assert_eq!(gs[0].allreduce_algo_now(CLASS, true), SECOND);
+        let ran = drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { ms(2) } else { ms(1) }).await;
+        assert_eq!(gs[0].allreduce_algo_now(CLASS, true), FIRST);
+        assert_eq!(ran[ran.len() - 3], FIRST);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_third_candidate_is_timed_in_turn_and_taken_when_fastest() {
+        let third = AllreduceAlgo::Rabenseifner;
+        let gs = groups_with(2, Duration::from_secs(10), &[SECOND, third]);
+        let ran = drive(&gs, 6 * WINDOW, |_, a| {
+            if a == third {
+                ms(1)
+            } else if a == SECOND {
+                ms(3)
+            } else {
+                ms(2)
+            }
+        })
+        .await;
+        // Window 0 times the second, window 1 the third; the agreement made at
+        // window 1 has only the second's time and the table's choice keeps window 2;
+        // the one made at window 2 has the third's, which takes window 3 on.
+        let w = WINDOW as usize;
+        assert_eq!(ran[w - 1], SECOND);
+        assert_eq!(ran[2 * w - 1], third);
+        assert_eq!(ran[2 * w], FIRST);
+        assert_eq!(ran[3 * w], third);
+        assert_eq!(gs[1].allreduce_algo_now(CLASS, true), third);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_rank_that_stops_calling_fails_the_others_at_their_deadline() {
+        let gs = groups(2, Duration::from_millis(300));
+        drive(&gs, WINDOW, |_, _| ms(1)).await;
+        // Rank 1 makes no more calls: rank 0's window-1 agreement lacks its timings,
+        // and rank 0's first call of window 2 waits for it until the deadline.
+        for _ in 0..WINDOW {
+            let t = ticket(&gs[0], CLASS);
+            gs[0].adapt_choose(&t).await.unwrap();
+        }
+        let t = ticket(&gs[0], CLASS);
+        let e = gs[0].adapt_choose(&t).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains("rank 1"), "{e}");
+        // Every later call of the class gets the same error, at once.
+        let t = ticket(&gs[0], CLASS);
+        assert_eq!(gs[0].adapt_choose(&t).await.unwrap_err().kind(), ErrorKind::Timeout);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dropped_choice_loses_nothing_the_next_call_needs() {
+        // Rank 0 runs ahead: its first call of window 2 needs rank 1's window-1
+        // timings, which rank 1 sends at its own call W; that choice is polled
+        // before, dropped, and asked again once rank 1 has caught up.
+        let gs1 = groups(2, Duration::from_secs(10));
+        for _ in 0..WINDOW {
+            let _ = ticket(&gs1[0], CLASS);
+        }
+        let t0: Vec<AdaptTicket> = (0..WINDOW).map(|_| ticket(&gs1[0], CLASS)).collect();
+        let mut fut = Box::pin(gs1[0].adapt_choose(&t0[0]));
+        // Window 1's first call takes the table's choice without waiting.
+        assert!(futures::poll!(fut.as_mut()).is_ready());
+        drop(fut);
+        let later = ticket(&gs1[0], CLASS); // call 2W: needs window 1's agreement
+        let mut fut = Box::pin(gs1[0].adapt_choose(&later));
+        assert!(futures::poll!(fut.as_mut()).is_pending(), "rank 1's timings are not sent yet");
+        drop(fut);
+        // Rank 1 catches up; rank 0's call 2W, polled anew, gets its answer.
+        for _ in 0..2 * WINDOW {
+            let _ = ticket(&gs1[1], CLASS);
+        }
+        let c = gs1[0].adapt_choose(&later).await.unwrap();
+        assert_eq!(c.algo, FIRST);
+    }
+}

@@ -1,0 +1,246 @@
+//! The adaptive allreduce selection (`hcomm_collectives::adapt`) on real
+//! allreduces over the in-process transport: results against the sequential
+//! reference while the ranks time and switch algorithms, calls in flight at once,
+//! owned and borrowed calls mixed across ranks, and dropped calls.
+
+mod common;
+
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use futures::future::join_all;
+use hcomm::{AllreduceAlgo, Communicator, ErrorKind, LocalTransport, Measured, ReduceOp};
+use hcomm_collectives::adapt::WINDOW;
+
+/// A table whose allreduce has alternatives at 64 KiB (Rabenseifner's, then the
+/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), as
+/// `Communicator::tune` leaves one.
+fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
+    let n = comms.len();
+    for c in comms.iter_mut() {
+        let mut t = c.tuning().clone();
+        t.measured = Measured {
+            ranks: n,
+            allreduce: vec![
+                (8, AllreduceAlgo::RecursiveDoubling),
+                (64 << 10, AllreduceAlgo::Rabenseifner),
+                (1 << 20, AllreduceAlgo::Ring),
+            ],
+            allreduce_alternatives: vec![
+                (64 << 10, vec![AllreduceAlgo::Tree, AllreduceAlgo::Ring]),
+                (1 << 20, vec![AllreduceAlgo::RecursiveDoubling]),
+            ],
+            ..Measured::default()
+        };
+        c.set_tuning(t);
+    }
+}
+
+/// Element counts of f32 in the 64 KiB class: the class's size, primes, and sizes
+/// not divisible by any rank count here.
+const COUNTS_64K: [usize; 5] = [16_384, 16_411, 20_011, 9_973 * 2 + 1, 50_021];
+
+#[tokio::test(flavor = "current_thread")]
+async fn results_match_the_reference_while_the_selection_times_and_switches() {
+    for n in [1, 2, 3, 4, 7, 16] {
+        let mut comms = hcomm::local(n);
+        contested(&mut comms);
+        // Three windows and more of the class, so that every rank has run both
+        // algorithms and decided at least once; three element types and operators.
+        for k in 0..(3 * WINDOW as usize + 3) {
+            let count = COUNTS_64K[k % COUNTS_64K.len()];
+            let seed = (n * 1000 + k) as u64;
+            match k % 3 {
+                0 => check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, seed).await,
+                1 => check_allreduce::<_, f64>(&comms, count / 2, ReduceOp::Avg, seed).await,
+                _ => check_allreduce::<_, i32>(&comms, count, ReduceOp::Max, seed).await,
+            }
+        }
+        let algos: Vec<AllreduceAlgo> = comms.iter().map(|c| c.allreduce_algo_for(64 << 10, true)).collect();
+        assert!(algos.iter().all(|a| *a == algos[0]), "n={n}: incumbents differ: {algos:?}");
+        assert!(
+            matches!(algos[0], AllreduceAlgo::Rabenseifner | AllreduceAlgo::Tree | AllreduceAlgo::Ring),
+            "n={n}: {:?}",
+            algos[0]
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn large_messages_of_the_1mib_class() {
+    let mut comms = hcomm::local(3);
+    contested(&mut comms);
+    for k in 0..(2 * WINDOW as usize + 2) {
+        let count = [262_144, 262_147, 300_007][k % 3];
+        check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, k as u64).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn reproducible_float_reductions_and_forced_algorithms_do_not_adapt() {
+    let mut comms = hcomm::local(2);
+    contested(&mut comms);
+    assert_eq!(comms[0].allreduce_algo_for(64 << 10, true), AllreduceAlgo::Rabenseifner);
+    for c in comms.iter_mut() {
+        let mut t = c.tuning().clone();
+        t.reproducible = true;
+        c.set_tuning(t);
+    }
+    assert_eq!(comms[0].allreduce_algo_for(64 << 10, true), AllreduceAlgo::Ordered);
+    // Integers are exact in any order: they still adapt.
+    assert_eq!(comms[0].allreduce_algo_for(64 << 10, false), AllreduceAlgo::Rabenseifner);
+    for c in comms.iter_mut() {
+        let mut t = c.tuning().clone();
+        (t.reproducible, t.adaptive) = (false, false);
+        c.set_tuning(t);
+    }
+    // Off: the table decides; 3 windows of calls keep its choice.
+    for k in 0..3 * WINDOW {
+        check_allreduce::<_, f32>(&comms, 16_411, ReduceOp::Sum, k).await;
+    }
+    assert_eq!(comms[0].allreduce_algo_for(64 << 10, true), AllreduceAlgo::Rabenseifner);
+}
+
+/// 64 allreduces in flight at once on every rank, of sizes in both contested classes
+/// and below them, over four windows' worth of calls of the 64 KiB class.
+#[tokio::test(flavor = "current_thread")]
+async fn sixty_four_in_flight_at_once() {
+    let n = 4;
+    let mut comms = hcomm::local(n);
+    contested(&mut comms);
+    let counts: Vec<usize> = (0..64).map(|i| [16_411, 7, 20_011, 262_147, 16_384, 1000][i % 6]).collect();
+    let inputs: Vec<Vec<Vec<f32>>> =
+        counts.iter().enumerate().map(|(i, &c)| inputs(n, c, ReduceOp::Sum, i as u64)).collect();
+    let mut bufs: Vec<Vec<Vec<f32>>> = (0..n).map(|r| inputs.iter().map(|v| v[r].clone()).collect()).collect();
+    let results = join_all(
+        comms
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, mine)| async move { join_all(mine.iter_mut().map(|b| c.all_reduce(b, ReduceOp::Sum))).await }),
+    )
+    .await;
+    for (r, rs) in results.into_iter().enumerate() {
+        for (i, res) in rs.into_iter().enumerate() {
+            res.unwrap_or_else(|e| panic!("rank {r}, allreduce {i}: {e}"));
+        }
+    }
+    for (i, inp) in inputs.iter().enumerate() {
+        for r in 1..n {
+            assert!(bufs[r][i] == bufs[0][i], "allreduce {i}: rank {r} differs from rank 0");
+        }
+        check_against_reference(inp, ReduceOp::Sum, &bufs[0][i], &format!("allreduce {i} of {}", counts[i]));
+    }
+}
+
+/// Rank 0 spawns owned allreduces while the others await borrowed ones: both count
+/// the class's calls alike, so every call lines up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_and_borrowed_calls_line_up() {
+    let n = 3;
+    let mut comms = hcomm::local(n);
+    contested(&mut comms);
+    let mut comms = comms.into_iter();
+    let first = Arc::new(comms.next().unwrap());
+    let rest: Vec<Communicator<_>> = comms.collect();
+    for k in 0..(3 * WINDOW as usize) {
+        let count = COUNTS_64K[k % COUNTS_64K.len()];
+        let inputs = inputs::<f32>(n, count, ReduceOp::Sum, k as u64);
+        let owned = tokio::spawn(first.all_reduce_owned(inputs[0].clone(), ReduceOp::Sum));
+        let mut bufs: Vec<Vec<f32>> = inputs[1..].to_vec();
+        let borrowed = join_all(rest.iter().zip(bufs.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum)));
+        let (got, others) = tokio::join!(owned, borrowed);
+        let got = got.unwrap().unwrap_or_else(|e| panic!("call {k}, rank 0: {e}"));
+        for (r, o) in others.into_iter().enumerate() {
+            o.unwrap_or_else(|e| panic!("call {k}, rank {}: {e}", r + 1));
+        }
+        check_against_reference(&inputs, ReduceOp::Sum, &got, &format!("call {k}"));
+        assert!(bufs.iter().all(|b| *b == got), "call {k}: ranks differ");
+    }
+}
+
+/// A call dropped on one rank, before its first poll or in the middle, at a window's
+/// first call (where the timings are sent) and elsewhere: that call fails on the
+/// other ranks, and every later call of the class runs and is right.
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_calls_fail_alone() {
+    let n = 3;
+    let mut comms = hcomm::local(n);
+    contested(&mut comms);
+    let w = WINDOW as usize;
+    let drops = [(w, false), (w + 3, true), (2 * w, true), (3 * w - 1, false)];
+    for k in 0..(4 * w) {
+        let count = COUNTS_64K[k % COUNTS_64K.len()];
+        let Some(&(_, polled)) = drops.iter().find(|(at, _)| *at == k) else {
+            check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, k as u64).await;
+            continue;
+        };
+        let mut bufs = inputs::<f32>(n, count, ReduceOp::Sum, k as u64);
+        let (first, rest) = bufs.split_first_mut().unwrap();
+        let mut dropped = Box::pin(comms[1].all_reduce(first, ReduceOp::Sum));
+        if polled {
+            assert!(futures::poll!(dropped.as_mut()).is_pending());
+        }
+        let others = join_all(
+            [&comms[0], &comms[2]].into_iter().zip(rest.iter_mut()).map(|(c, b)| c.all_reduce(b, ReduceOp::Sum)),
+        );
+        drop(dropped);
+        for r in others.await {
+            let e = r.expect_err("the dropped call fails elsewhere");
+            assert_eq!(e.kind(), ErrorKind::Aborted, "call {k}: {e}");
+        }
+    }
+}
+
+/// A `tracing` writer into shared memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The operations' events show what ran: in the first two windows, which the
+/// table's choice holds whatever the times, the last two calls of each ran an
+/// alternative (the first, then the second), on every rank.
+#[test]
+fn the_last_two_calls_of_a_window_run_the_alternatives_in_turn() {
+    let out = Captured::default();
+    let w = out.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(move || w.clone())
+        .with_ansi(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("hcomm::op=debug"))
+        .finish();
+    let _guard = tracing::subscriber::set_default(sub);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut comms = hcomm::local(2);
+        contested(&mut comms);
+        for k in 0..2 * WINDOW {
+            check_allreduce::<_, f32>(&comms, 16_411, ReduceOp::Sum, k).await;
+        }
+    });
+    let log = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let count = |rank: u32, algo: &str| {
+        log.lines()
+            .filter(|l| {
+                l.contains(&format!("rank={rank} "))
+                    && l.contains("op=\"allreduce\"")
+                    && l.contains(&format!("algo=\"{algo}\""))
+            })
+            .count()
+    };
+    for rank in 0..2 {
+        assert_eq!(count(rank, "tree"), 2, "rank {rank}:\n{log}");
+        assert_eq!(count(rank, "ring"), 2, "rank {rank}:\n{log}");
+        assert_eq!(count(rank, "rabenseifner"), 2 * WINDOW as usize - 4, "rank {rank}:\n{log}");
+    }
+}
