@@ -15,10 +15,11 @@
 //! a barrier, of the slowest rank's time; the columns run in a shuffled order in each round,
 //! each timed run after an untimed run of the same column (`--unprimed`: without it, for
 //! the tuner too; see `TuneOptions::primed`).
-//! `--confirm` then times the pick against the best forced column head to head wherever
-//! the two differ (see `duels`). f32 data, sum. `RUST_LOG=hcomm::tune=debug` logs (on
-//! stderr) each timing the tuner makes (`tune timed`: family, size, pass, algorithms,
-//! the slowest rank's median times).
+//! `--confirm` then times the automatic choice against the best forced column head to
+//! head wherever its algorithm differs or it took over 1.10x (see `duels`). f32 data,
+//! sum. `RUST_LOG=hcomm::tune=debug` logs (on stderr) each timing the tuner makes
+//! (`tune timed`: family, size, pass, algorithms, the slowest rank's median times);
+//! `RUST_LOG=hcomm::adapt=debug` each switch of the adaptive allreduce selection.
 
 use std::time::{Duration, Instant};
 
@@ -116,11 +117,12 @@ impl Op {
         matches!(self, Op::Allgather | Op::ReduceScatter | Op::Alltoall)
     }
 
-    /// The automatic choice's name for `bytes` (as the selection sees them).
+    /// The automatic choice's name for `bytes` (as the selection sees them): for an
+    /// allreduce the adaptive selection decides, its algorithm now.
     fn pick<T: LocalTransport>(self, comm: &Communicator<T>, bytes: usize) -> &'static str {
         let (t, n) = (comm.tuning(), comm.size());
         match self {
-            Op::Allreduce => t.allreduce_algo(n, bytes, true, None).name(),
+            Op::Allreduce => comm.allreduce_algo_for(bytes, true).name(),
             Op::Broadcast => t.bcast_algo(n, bytes, None).name(),
             Op::Allgather => t.allgather_algo(n, bytes, None).name(),
             Op::ReduceScatter => t.reduce_scatter_algo(n, bytes, None).name(),
@@ -269,8 +271,8 @@ async fn sweep<T: LocalTransport>(comm: &Communicator<T>, a: &Args, how: &str) -
             let best = (0..k).min_by(|&x, &y| ms[x].total_cmp(&ms[y])).expect("every operation has algorithms");
             let pick = op.pick(comm, bytes / 4 * 4);
             let pick = algos.iter().position(|a| *a == pick).expect("the pick is one of the algorithms");
-            if pick != best {
-                contested.push(Contested { op, bytes, pick, best, sweep: ms[pick] / ms[best] });
+            if pick != best || ms[k] / ms[best] > 1.10 {
+                contested.push(Contested { op, bytes, pick, best, sweep: ms[k] / ms[best] });
             }
             if comm.rank() == 0 {
                 let cells: Vec<String> = ms[..k].iter().map(|t| format!("{t:.3}")).collect();
@@ -291,19 +293,21 @@ async fn sweep<T: LocalTransport>(comm: &Communicator<T>, a: &Args, how: &str) -
     Ok(())
 }
 
-/// A cell of the sweep where the automatic choice is not the fastest forced column.
+/// A cell of the sweep where the automatic choice's algorithm at the end is not the
+/// fastest forced column, or the automatic column took over 1.10x the best.
 #[derive(Debug, Clone, Copy)]
 struct Contested {
     op: Op,
     bytes: usize,
     pick: usize,
     best: usize,
-    /// pick / best in the sweep.
+    /// auto / best in the sweep.
     sweep: f64,
 }
 
-/// Times, for every contested cell, the pick against the sweep's best alone, head to
-/// head: `max(runs, 3)` blocks of three times the sweep's rounds, each round running
+/// Times, for every contested cell, the automatic choice (which, for an allreduce
+/// the adaptive selection decides, keeps timing and may switch as it runs) against
+/// the sweep's best alone, head to head: `max(runs, 3)` blocks of three times the sweep's rounds, each round running
 /// the two in a shuffled order after a barrier. Two columns instead of four or five
 /// give each three to five times the sweep's samples in the same minutes, and their
 /// rounds sit closer in time, so the machine's phases fall on both alike. Every cell
@@ -316,7 +320,7 @@ async fn duels<T: LocalTransport>(comm: &Communicator<T>, a: &Args, contested: &
         let iters = 3 * rounds(c.op, comm.size(), c.bytes);
         let mut ratios = Vec::with_capacity(blocks);
         for _ in 0..blocks {
-            let ms = timed(comm, a, c.op, c.bytes, &[Some(c.pick), Some(c.best)], iters).await?;
+            let ms = timed(comm, a, c.op, c.bytes, &[None, Some(c.best)], iters).await?;
             ratios.push(ms[0] / ms[1]);
         }
         ratios.sort_by(f64::total_cmp);
@@ -326,11 +330,11 @@ async fn duels<T: LocalTransport>(comm: &Communicator<T>, a: &Args, contested: &
         return Ok(());
     }
     println!(
-        "\nduels: {} ranks, the pick against the sweep's best where they differ, {blocks} blocks of 3x the sweep's rounds\n",
+        "\nduels: {} ranks, auto against the sweep's best where the pick differs or auto took over 1.10x, {blocks} blocks of 3x the sweep's rounds\n",
         comm.size()
     );
     println!(
-        "| collective | bytes | pick | sweep's best | pick / best in the sweep | head to head: median of blocks | blocks' range |"
+        "| collective | bytes | pick at the sweep's end | sweep's best | auto / best in the sweep | head to head auto / best: median of blocks | blocks' range |"
     );
     println!("|---|---|---|---|---|---|---|");
     for (c, r) in contested.iter().zip(&results) {
