@@ -26,6 +26,9 @@
 //!
 //! Ranks are processes (tcp, uring: started by this program itself, or by a
 //! launcher) or tasks of one process (mem). A progress bar shows on a terminal.
+//! Processes take `HCOMM_CALIBRATE`, `HCOMM_TUNE` and `HCOMM_TUNE_FILE` as
+//! `hcomm::init` does (`hcomm::measure_from_env`), so the automatic choice can be
+//! the measured one.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -678,6 +681,7 @@ fn main() {
             let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
             cfg.shm = a.transport == "shm";
             let comm = cfg.connect().await.unwrap_or_else(|e| fail(e));
+            let comm = hcomm::measure_from_env(comm).await.unwrap_or_else(|e| fail(e));
             let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
             if comm.rank() == 0 {
                 finish(&a, "processes", rows);
@@ -690,6 +694,7 @@ fn main() {
             let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
             cfg.shm = false;
             let comm = cfg.connect_uring().await.unwrap_or_else(|e| fail(e));
+            let comm = hcomm::measure_from_env(comm).await.unwrap_or_else(|e| fail(e));
             let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
             if comm.rank() == 0 {
                 finish(&a, "processes", rows);
@@ -700,6 +705,7 @@ fn main() {
         ("rdma", true) => runtime().block_on(async {
             let comm =
                 hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_rdma().await.unwrap_or_else(|e| fail(e));
+            let comm = hcomm::measure_from_env(comm).await.unwrap_or_else(|e| fail(e));
             let rows = bench(&comm, &a, &f).await.unwrap_or_else(|e| fail(e));
             if comm.rank() == 0 {
                 eprintln!("# rank 0 registered memory: {:?}", comm.transport().buffer_stats());

@@ -96,6 +96,22 @@ pub async fn init() -> Result<Communicator> {
     measure.run(Config::from_env()?.connect().await?).await
 }
 
+/// What [`init`] does once connected, for a communicator made otherwise (with
+/// [`Config::connect`], `Config::connect_uring` and the like): calibrates and tunes
+/// `comm` as `HCOMM_CALIBRATE`, `HCOMM_TUNE` and `HCOMM_TUNE_FILE` ask. Collective.
+///
+/// # Errors
+/// A configuration error for a wrong value of those variables; as
+/// [`Communicator::calibrate`], [`Communicator::tune`] and
+/// [`Communicator::load_tuning`].
+///
+/// # Cancel safety
+/// Dropping the future drops `comm` (its collective in flight is aborted on every
+/// rank).
+pub async fn measure_from_env<T: LocalTransport>(comm: Communicator<T>) -> Result<Communicator<T>> {
+    tune::Measure::from_env(|k| std::env::var(k).ok())?.run(comm).await
+}
+
 /// As [`init`], over RDMA ([`Config::connect_rdma`], cargo feature `rdma`): connects
 /// this process to its job from the launcher's environment, with `HCOMM_STATS`,
 /// `HCOMM_CALIBRATE`, `HCOMM_TUNE` and `HCOMM_TUNE_FILE` as `init` takes them.
