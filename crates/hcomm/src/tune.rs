@@ -1,5 +1,6 @@
 //! Measured algorithm selection: [`Communicator::tune`] times every algorithm of every
-//! collective family on the job itself and keeps the fastest per size.
+//! collective family on the job itself and keeps the fastest per size (and, for the
+//! allreduce, the alternatives the adaptive selection keeps timing).
 //!
 //! A cost model (even a calibrated one) misses what this machine does under load:
 //! on a 2-core VM running 4 ranks, the binomial tree beats recursive doubling below
@@ -180,7 +181,10 @@ impl<T: LocalTransport> Communicator<T> {
     /// within each round, each after a barrier (and after an untimed run of its own,
     /// see [`TuneOptions::primed`]); an algorithm's time is the median over rounds of
     /// the slowest rank's, so every rank decides alike. Passes after the
-    /// first time only the contenders (see [`TuneOptions::passes`]). Collective.
+    /// first time only the contenders (see [`TuneOptions::passes`]). The table also
+    /// keeps the allreduce's alternatives within 1.5x of the first pass's best at
+    /// each size, which the adaptive selection keeps timing while the job runs
+    /// ([`hcomm_collectives::adapt`], `HCOMM_ADAPT`). Collective.
     ///
     /// Takes 16-17 s for 16 MiB on 4 ranks sharing 2 processors over loopback TCP
     /// (primed; 10 s unprimed); the table is for this

@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::Communicator;
 
-/// Version of the file's layout.
-const FORMAT: u32 = 1;
+/// Version of the file's layout: 2 added the allreduce's alternatives
+/// (`allreduce_alternatives`); format 1 files are read too, without them.
+const FORMAT: u32 = 2;
 
 /// Largest tuning file read (a table of every family at sizes up to 2^62 holds a few
 /// kilobytes): anything larger is not one.
@@ -132,8 +133,8 @@ fn encode(shape: Shape, m: &Measured) -> String {
 /// The file's `bytes`, read for a job of `shape`.
 fn decode(bytes: &[u8], shape: &Shape) -> Result<Loaded> {
     let f: File = serde_json::from_slice(bytes).map_err(|e| Error::config(format!("not a tuning table: {e}")))?;
-    if f.format != FORMAT {
-        return Err(Error::config(format!("tuning table format {}, this build reads {FORMAT}", f.format)));
+    if f.format != FORMAT && f.format != 1 {
+        return Err(Error::config(format!("tuning table format {}, this build reads 1 and {FORMAT}", f.format)));
     }
     if f.job.ranks != f.job.host_of.len() {
         return Err(Error::config(format!("{} ranks but {} hosts of ranks", f.job.ranks, f.job.host_of.len())));
@@ -287,9 +288,11 @@ mod tests {
             Loaded::Table(m) => assert_eq!(m, table()),
             other => panic!("{other:?}"),
         }
-        // A file written before the alternatives were kept loads without them.
+        // A file written before the alternatives were kept (format 1) loads without
+        // them.
         let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
         old.as_object_mut().unwrap().remove("allreduce_alternatives").unwrap();
+        old["format"] = 1.into();
         match decode(old.to_string().as_bytes(), &shape()).unwrap() {
             Loaded::Table(m) => assert_eq!(m, Measured { allreduce_alternatives: Vec::new(), ..table() }),
             other => panic!("{other:?}"),
@@ -318,10 +321,10 @@ mod tests {
             String::new(),
             "{}".into(),
             "not json".into(),
-            good.replace("\"format\": 1", "\"format\": 2"),
+            good.replace("\"format\": 2", "\"format\": 3"),
             good.replace("\"ring\"", "\"spiral\""),
             good.replace("\"tree\"", "\"spiral\""),
-            good.replace("\"format\": 1", "\"format\": 1, \"extra\": 3"),
+            good.replace("\"format\": 2", "\"format\": 2, \"extra\": 3"),
             good.replace("65536", "1048577"),
             good.replace("\"ranks\": 4", "\"ranks\": 3"),
         ];
