@@ -9,14 +9,14 @@
 //!
 //! How, for the allreduces of one *class* (the measured size nearest to theirs),
 //! counted in call order on every rank alike:
-//! - The calls go in windows of [`WINDOW`]. In each, the last two run one of the
-//!   candidates that is not the window's incumbent (each in turn, window after
-//!   window), the others the incumbent. A call's time is kept (per rank, the last
+//! - The calls go in windows of [`WINDOW`]. In each, the last two may run one of the
+//!   candidates that is not the window's incumbent, the others run the incumbent
+//!   (see [`Plan`] for which, and how often). A call's time is kept (per rank, the last
 //!   [`SAMPLES`] per algorithm, scaled to the class's size) only if the call before
 //!   it ran the same algorithm: the first call after a switch of pattern pays for it
 //!   on crowded ranks.
 //! - At the first call of each window from the second on, every rank sends its
-//!   medians to every other rank (one number per candidate, posted at the call:
+//!   medians to every other rank (one number per candidate, posted lazily at the call:
 //!   nothing waits for them), an *agreement*. Its result, the slowest rank's median
 //!   per algorithm, is the same on every rank.
 //! - The incumbent of window `w` (from 2 on) is that of `w - 1`, unless the
@@ -34,7 +34,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::Shared;
 use hcomm_core::wire::ADAPT_SEQ;
@@ -58,6 +57,60 @@ pub const SAMPLES: usize = 5;
 
 /// The most algorithms a class weighs: every allreduce the selection chooses from.
 pub const MAX_CANDIDATES: usize = 5;
+
+/// An alternative whose agreed time is within this factor of the incumbent's (or
+/// not known yet) is *near*, and timed in turn with the other near ones, in every
+/// window; a farther one only every [`FAR_EVERY`] windows. Run back to back, the
+/// ring's 256 KiB allreduce took 2.2x the tree's on 4 ranks over TCP on 2 processors
+/// (while 1.1x in the tuner's rounds, each after a barrier), and timing such
+/// alternatives in every window cost 10-20% of the time (BENCHMARKS.md, session 24).
+pub const NEAR: f64 = 1.25;
+
+/// How often (in windows) a far alternative is timed: two calls in 512. The first
+/// call of an algorithm after a streak of another is slow (links it alone uses have
+/// been idle): a 256 KiB ring or recursive doubling after tree calls took 1.9-2.7 ms
+/// against 0.4 ms for the tree, so each such timing costs a few milliseconds.
+pub const FAR_EVERY: u64 = 32;
+
+/// What a window runs: the incumbent, and the alternative its last two calls run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    incumbent: u8,
+    /// `NONE` for none.
+    explore: u8,
+}
+
+impl Plan {
+    const NONE: u8 = u8::MAX;
+
+    /// Window `w`'s plan, from its incumbent, the times agreed before it (`None` in
+    /// windows 0 and 1, which time the others in turn by slot) and the window
+    /// before's plan. An alternative not timed yet is near, unless the window
+    /// before timed it: that timing comes in the next agreement.
+    fn new(w: u64, incumbent: usize, times: Option<&[u64]>, k: usize, before: Option<Plan>) -> Plan {
+        let others = (0..k).filter(|&j| j != incumbent);
+        let explore = match times {
+            None => others.clone().nth((w % (k as u64 - 1)) as usize),
+            Some(t) => {
+                let just = before.map(|p| usize::from(p.explore));
+                let near = |j: usize| {
+                    (t[j] == 0 && just != Some(j)) || (t[j] > 0 && t[j] as f64 <= t[incumbent] as f64 * NEAR)
+                };
+                let far = |j: usize| t[j] > 0 && t[j] as f64 > t[incumbent] as f64 * NEAR;
+                let near: Vec<usize> = others.clone().filter(|&j| near(j)).collect();
+                let far: Vec<usize> = others.filter(|&j| far(j)).collect();
+                if !far.is_empty() && w % FAR_EVERY == 0 {
+                    Some(far[((w / FAR_EVERY) % far.len() as u64) as usize])
+                } else if near.is_empty() {
+                    None
+                } else {
+                    Some(near[(w % near.len() as u64) as usize])
+                }
+            }
+        };
+        Plan { incumbent: incumbent as u8, explore: explore.map_or(Plan::NONE, |j| j as u8) }
+    }
+}
 
 /// How much faster the other algorithm must be, as agreed, for the ranks to switch:
 /// a margin against switching back and forth on noise.
@@ -157,9 +210,8 @@ struct Class {
     /// Kept timings (nanoseconds, scaled to the class's size) per slot: the
     /// candidates' order.
     samples: Vec<VecDeque<u64>>,
-    /// The incumbent slot of each window decided so far (a byte per window: 16
-    /// calls).
-    decided: Vec<u8>,
+    /// The plan of each window decided so far (two bytes per window: 16 calls).
+    decided: Vec<Plan>,
     /// The agreements not yet used, made at windows `first_agreement` on.
     agreements: VecDeque<Agreement>,
     first_agreement: u64,
@@ -193,8 +245,9 @@ impl Class {
     fn decide(&mut self, w: u64, class: &Contest) -> std::result::Result<(), Step> {
         while self.decided.len() as u64 <= w {
             let v = self.decided.len() as u64;
-            let Some(prev) = self.decided.last().map(|&p| usize::from(p)).filter(|_| v >= 2) else {
-                self.decided.push(0);
+            let before = self.decided.last().copied();
+            let Some(prev) = before.map(|p| usize::from(p.incumbent)).filter(|_| v >= 2) else {
+                self.decided.push(Plan::new(v, 0, None, self.k, before));
                 continue;
             };
             let a = &self.agreements[(v - 1 - self.first_agreement) as usize];
@@ -215,7 +268,7 @@ impl Class {
                             "allreduce selection switched"
                         );
                     }
-                    self.decided.push(next as u8);
+                    self.decided.push(Plan::new(v, next, Some(&times[..self.k]), self.k, before));
                     self.agreements.pop_front();
                     self.first_agreement += 1;
                 }
@@ -226,14 +279,12 @@ impl Class {
 
     /// The slot call `call` runs, once its window is decided.
     fn slot(&self, call: u64) -> usize {
-        let w = call / WINDOW;
-        let inc = usize::from(self.decided[w as usize]);
-        if call % WINDOW < WINDOW - 2 {
-            return inc;
+        let p = self.decided[(call / WINDOW) as usize];
+        if call % WINDOW < WINDOW - 2 || p.explore == Plan::NONE {
+            usize::from(p.incumbent)
+        } else {
+            usize::from(p.explore)
         }
-        // The other candidates in turn: the `w mod (k - 1)`-th of those not `inc`.
-        let nth = (w % (self.k as u64 - 1)) as usize;
-        (0..self.k).filter(|&j| j != inc).nth(nth).expect("k - 1 others")
     }
 }
 
@@ -316,7 +367,7 @@ impl Adapt {
     /// decision).
     pub(crate) fn current(&self, class: &Contest) -> AllreduceAlgo {
         let s = self.state.lock();
-        let slot = s.classes.get(class).and_then(|c| c.decided.last().copied()).unwrap_or(0);
+        let slot = s.classes.get(class).and_then(|c| c.decided.last()).map_or(0, |p| p.incumbent);
         class.algos[usize::from(slot)]
     }
 }
@@ -341,7 +392,12 @@ fn agreement<T: LocalTransport>(g: &Group<T>, tag: u32, mine: Times, k: usize) -
     for r in (0..g.size()).filter(|&r| r != g.rank()) {
         let peer = g.world_rank(r);
         let h = Header::data(me, g.comm_id(), ADAPT_SEQ, tag, &sig, len);
-        g.transport().post(peer, h, Bytes::copy_from_slice(&msg));
+        // Lazily: the frame goes out with the next write to `peer` (or within a
+        // millisecond). Posted at once, it waited in the writer task's queue, and
+        // the data writes behind it went through that task too instead of straight
+        // to the socket: 256 KiB allreduces on 4 ranks over TCP on 2 processors took
+        // 1.3-1.5x their time (BENCHMARKS.md, session 24).
+        g.transport().post_lazy(peer, h, &msg);
         let key = MatchKey { src: peer, comm: g.comm_id(), seq: ADAPT_SEQ, tag };
         recvs.push((r, peer, mailbox.recv(key)));
     }
@@ -468,10 +524,13 @@ mod tests {
     #[test]
     fn two_calls_per_window_time_the_alternative_and_first_calls_after_a_switch_are_not_kept() {
         let mut c = Class::new(2);
-        c.decided = vec![0, 0, 1];
+        // Windows 0 and 1 as at the start; window 2 switched to slot 1, with slot 0
+        // near.
+        let w2 = Plan::new(2, 1, Some(&[110, 100]), 2, None);
+        c.decided = vec![Plan::new(0, 0, None, 2, None), Plan::new(1, 0, None, 2, None), w2];
         let slots: Vec<usize> = (0..3 * WINDOW).map(|k| c.slot(k)).collect();
         for w in 0..3 {
-            let inc = usize::from(c.decided[w as usize]);
+            let inc = usize::from(c.decided[w as usize].incumbent);
             for o in 0..WINDOW {
                 let want = if o >= WINDOW - 2 { 1 - inc } else { inc };
                 assert_eq!(slots[(w * WINDOW + o) as usize], want, "window {w} offset {o}");
@@ -486,6 +545,31 @@ mod tests {
     }
 
     #[test]
+    fn far_alternatives_are_timed_rarely_and_unknown_ones_are_near() {
+        let explore = |w: u64, inc: usize, t: &[u64]| {
+            let p = Plan::new(w, inc, Some(t), t.len(), None);
+            (p.explore != Plan::NONE).then_some(usize::from(p.explore))
+        };
+        let f = FAR_EVERY;
+        // Slot 1 near (1.1x), slot 2 far (3x): 2 in windows f, 2f...; 1 otherwise.
+        assert_eq!(explore(f, 0, &[100, 110, 300]), Some(2));
+        assert_eq!(explore(f + 1, 0, &[100, 110, 300]), Some(1));
+        assert_eq!(explore(2 * f, 0, &[100, 110, 300]), Some(2));
+        // Nothing near: nothing timed outside those windows.
+        assert_eq!(explore(3, 0, &[100, 300]), None);
+        assert_eq!(explore(f, 0, &[100, 300]), Some(1));
+        // Two far ones take turns in those windows.
+        assert_eq!(explore(f, 0, &[100, 300, 400]), Some(2));
+        assert_eq!(explore(2 * f, 0, &[100, 300, 400]), Some(1));
+        // Not timed yet: near, unless the window before timed it.
+        assert_eq!(explore(3, 0, &[100, 0]), Some(1));
+        let before = Plan::new(2, 0, Some(&[100, 0]), 2, None);
+        assert_eq!(Plan::new(3, 0, Some(&[100, 0]), 2, Some(before)).explore, Plan::NONE);
+        // The first windows time the others in turn.
+        assert_eq!(Plan::new(1, 0, None, 3, None).explore, 2);
+    }
+
+    #[test]
     fn medians_are_per_slot_and_zero_without_timings() {
         let mut c = Class::new(2);
         c.samples[0].extend([5, 1, 9]);
@@ -497,7 +581,8 @@ mod tests {
     #[test]
     fn with_three_candidates_the_others_take_turns() {
         let mut c = Class::new(3);
-        c.decided = vec![0, 0, 2, 2];
+        let near = Some(&[100u64, 100, 100][..]);
+        c.decided = (0..4).map(|w| Plan::new(w, if w < 2 { 0 } else { 2 }, near.filter(|_| w >= 2), 3, None)).collect();
         let alt = |w: u64| c.slot(w * WINDOW + WINDOW - 1);
         // Window 0: the first of the others (1); window 1: the second (2); window 2
         // (incumbent 2): the first of 0 and 1 (1)... in turn by the window number.
@@ -523,12 +608,13 @@ mod tests {
             }
         })
         .await;
+        // From window 2 on, the table's choice, 1.5x behind, is far: not timed in
+        // windows 2 and 3.
         let w = WINDOW as usize;
         for (k, a) in ran.iter().enumerate() {
             let (window, offset) = (k / w, k % w);
-            let inc = if window < 2 { FIRST } else { SECOND };
-            let alt = if inc == FIRST { SECOND } else { FIRST };
-            assert_eq!(*a, if offset >= w - 2 { alt } else { inc }, "call {k}");
+            let want = if window >= 2 || offset >= w - 2 { SECOND } else { FIRST };
+            assert_eq!(*a, want, "call {k}");
         }
         assert!(gs.iter().all(|g| g.allreduce_algo_now(CLASS, true) == SECOND));
         // Other sizes of the class share it; below 64 KiB and forced calls do not adapt.
