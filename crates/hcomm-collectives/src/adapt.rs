@@ -11,7 +11,7 @@
 //! counted in call order on every rank alike:
 //! - The calls go in windows of [`WINDOW`]. In each, the last two may run one of the
 //!   candidates that is not the window's incumbent, the others run the incumbent
-//!   (see [`Plan`] for which, and how often). A call's time is kept (per rank, the last
+//!   (which, and how often: [`NEAR`], [`FAR_EVERY`]). A call's time is kept (per rank, the last
 //!   [`SAMPLES`] per algorithm, scaled to the class's size) only if the call before
 //!   it ran the same algorithm: the first call after a switch of pattern pays for it
 //!   on crowded ranks.
@@ -25,7 +25,7 @@
 //!
 //! So every rank runs the same algorithm at the same call without any rank waiting
 //! for a decision: a call of window `w` needs the agreement made a whole window
-//! before, whose messages left when the ranks made that call. Cancel safety: the
+//! before, whose messages left with the ranks' next writes after that call. Cancel safety: the
 //! agreements' messages are posted, and their receives held, by the communicator,
 //! not by a call's future, so dropping a call loses nothing another call needs.
 
@@ -42,9 +42,8 @@ use parking_lot::Mutex;
 
 use crate::{AllreduceAlgo, Group};
 
-/// Calls of a class per window: two of them time the alternative. At 512 KiB on 4
-/// ranks over TCP on 2 processors, an agreement's three 16-byte messages per rank
-/// cost about what 1% of a window's allreduces do.
+/// Calls of a class per window: the last two may time an alternative, and the first
+/// posts this rank's timings (8 bytes per candidate) to every other rank.
 pub const WINDOW: u64 = 16;
 
 /// The smallest allreduce (bytes) the selection adapts: below, one call takes tens

@@ -16,7 +16,7 @@ use hcomm_core::{
 };
 use hcomm_topology::Topology;
 
-use crate::adapt::{ADAPT_MIN_BYTES, Adapt, AdaptChoice, AdaptTicket};
+use crate::adapt::{ADAPT_MIN_BYTES, Adapt, AdaptChoice, AdaptTicket, Contest};
 use crate::allreduce::{AllreduceAlgo, HierPlan, Layout, Tuning};
 use crate::checks::Checks;
 use crate::{AllgatherAlgo, AlltoallAlgo, BcastAlgo, ReduceScatterAlgo};
@@ -239,17 +239,18 @@ impl<T: LocalTransport> Group<T> {
     /// alternatives in the measured table at the nearest size). That call is numbered
     /// in its class now, so call this once per operation, in call order.
     pub fn allreduce_plan(&self, bytes: usize, float: bool, asked: Option<AllreduceAlgo>) -> AllreducePlan {
-        let t = &self.tuning;
-        if bytes >= ADAPT_MIN_BYTES
-            && t.adaptive
-            && asked.is_none()
-            && t.allreduce.is_none()
-            && !(t.reproducible && float)
-            && let Some(class) = t.measured.contest(self.size(), bytes)
-        {
-            return AllreducePlan::Adaptive(self.adapt.ticket(self, class, bytes));
+        match self.adaptive_class(bytes, float).filter(|_| asked.is_none()) {
+            Some(class) => AllreducePlan::Adaptive(self.adapt.ticket(self, class, bytes)),
+            None => AllreducePlan::Now(self.allreduce_algo(bytes, float, asked)),
         }
-        AllreducePlan::Now(self.allreduce_algo(bytes, float, asked))
+    }
+
+    /// The adaptive selection's class of an allreduce of `bytes` not asked for an
+    /// algorithm, if it decides there (see [`Group::allreduce_plan`]).
+    fn adaptive_class(&self, bytes: usize, float: bool) -> Option<Contest> {
+        let t = &self.tuning;
+        let adapts = bytes >= ADAPT_MIN_BYTES && t.adaptive && t.allreduce.is_none() && !(t.reproducible && float);
+        adapts.then(|| t.measured.contest(self.size(), bytes)).flatten()
     }
 
     /// The algorithm the adaptive selection runs for the call of `ticket`, once the
@@ -274,19 +275,13 @@ impl<T: LocalTransport> Group<T> {
 
     /// The allreduce algorithm an allreduce of `bytes` would run now, as
     /// [`Group::allreduce_plan`] decides but without numbering a call: where the
-    /// adaptive selection decides, its incumbent (a window's last two calls run the
-    /// other).
+    /// adaptive selection decides, its incumbent (a window's last two calls may run
+    /// another).
     pub fn allreduce_algo_now(&self, bytes: usize, float: bool) -> AllreduceAlgo {
-        let t = &self.tuning;
-        if bytes >= ADAPT_MIN_BYTES
-            && t.adaptive
-            && t.allreduce.is_none()
-            && !(t.reproducible && float)
-            && let Some(class) = t.measured.contest(self.size(), bytes)
-        {
-            return self.adapt.current(&class);
+        match self.adaptive_class(bytes, float) {
+            Some(class) => self.adapt.current(&class),
+            None => self.allreduce_algo(bytes, float, None),
         }
-        self.allreduce_algo(bytes, float, None)
     }
 
     /// The broadcast algorithm for `bytes` (see [`Tuning::bcast_algo`]).

@@ -140,7 +140,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// The allreduce algorithm an `all_reduce` of `bytes` would run now (floats:
     /// `float`), by the selection rules of the crate documentation: where the
     /// adaptive selection decides, the algorithm its current window runs (whose
-    /// last two calls run the other).
+    /// last two calls may run another).
     pub fn allreduce_algo_for(&self, bytes: usize, float: bool) -> coll::AllreduceAlgo {
         self.group.allreduce_algo_now(bytes, float)
     }
