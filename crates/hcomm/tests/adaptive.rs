@@ -9,32 +9,8 @@ use std::sync::Arc;
 
 use common::*;
 use futures::future::join_all;
-use hcomm::{AllreduceAlgo, Communicator, ErrorKind, LocalTransport, Measured, ReduceOp};
+use hcomm::{AllreduceAlgo, Communicator, ErrorKind, ReduceOp};
 use hcomm_collectives::adapt::WINDOW;
-
-/// A table whose allreduce has alternatives at 64 KiB (Rabenseifner's, then the
-/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), as
-/// `Communicator::tune` leaves one.
-fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
-    let n = comms.len();
-    for c in comms.iter_mut() {
-        let mut t = c.tuning().clone();
-        t.measured = Measured {
-            ranks: n,
-            allreduce: vec![
-                (8, AllreduceAlgo::RecursiveDoubling),
-                (64 << 10, AllreduceAlgo::Rabenseifner),
-                (1 << 20, AllreduceAlgo::Ring),
-            ],
-            allreduce_alternatives: vec![
-                (64 << 10, vec![AllreduceAlgo::Tree, AllreduceAlgo::Ring]),
-                (1 << 20, vec![AllreduceAlgo::RecursiveDoubling]),
-            ],
-            ..Measured::default()
-        };
-        c.set_tuning(t);
-    }
-}
 
 /// Element counts of f32 in the 64 KiB class: the class's size, primes, and sizes
 /// not divisible by any rank count here.

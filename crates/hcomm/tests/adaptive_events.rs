@@ -5,51 +5,9 @@
 
 mod common;
 
-use std::io;
-use std::sync::{Arc, Mutex};
-
 use common::*;
-use hcomm::{AllreduceAlgo, Communicator, LocalTransport, Measured, ReduceOp};
+use hcomm::ReduceOp;
 use hcomm_collectives::adapt::WINDOW;
-
-/// A table whose allreduce has alternatives at 64 KiB (Rabenseifner's, then the
-/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), as
-/// `Communicator::tune` leaves one.
-fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
-    let n = comms.len();
-    for c in comms.iter_mut() {
-        let mut t = c.tuning().clone();
-        t.measured = Measured {
-            ranks: n,
-            allreduce: vec![
-                (8, AllreduceAlgo::RecursiveDoubling),
-                (64 << 10, AllreduceAlgo::Rabenseifner),
-                (1 << 20, AllreduceAlgo::Ring),
-            ],
-            allreduce_alternatives: vec![
-                (64 << 10, vec![AllreduceAlgo::Tree, AllreduceAlgo::Ring]),
-                (1 << 20, vec![AllreduceAlgo::RecursiveDoubling]),
-            ],
-            ..Measured::default()
-        };
-        c.set_tuning(t);
-    }
-}
-
-/// A `tracing` writer into shared memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 /// The operations' events show what ran: in the first two windows, which the
 /// table's choice holds whatever the times, the last two calls of each ran an

@@ -1,27 +1,13 @@
 //! The stall report: when a rank withholds its part of a collective, the ranks
 //! waiting for it say which operation they wait on and name the rank.
 
-use std::io;
-use std::sync::{Arc, Mutex};
+mod common;
+
 use std::time::Duration;
 
+use common::Captured;
 use futures::future::join_all;
 use hcomm::{AllreduceAlgo, ReduceOp};
-
-/// A `tracing` writer into shared memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 #[test]
 fn a_withheld_part_is_named_by_the_ranks_waiting_for_it() {

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use futures::future::join_all;
-use hcomm::{AllreduceAlgo, Communicator, DType, Element, LocalTransport, ReduceOp, bf16, f16};
+use hcomm::{AllreduceAlgo, Communicator, DType, Element, LocalTransport, Measured, ReduceOp, bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -391,4 +391,43 @@ pub async fn typed_and_refused<T: LocalTransport>(a: &Communicator<T>, b: &Commu
 /// take it in between, which this machine's tests do not).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A table whose allreduce has alternatives at 64 KiB (Rabenseifner's, then the
+/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), as
+/// `Communicator::tune` leaves one.
+pub fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
+    let n = comms.len();
+    for c in comms.iter_mut() {
+        let mut t = c.tuning().clone();
+        t.measured = Measured {
+            ranks: n,
+            allreduce: vec![
+                (8, AllreduceAlgo::RecursiveDoubling),
+                (64 << 10, AllreduceAlgo::Rabenseifner),
+                (1 << 20, AllreduceAlgo::Ring),
+            ],
+            allreduce_alternatives: vec![
+                (64 << 10, vec![AllreduceAlgo::Tree, AllreduceAlgo::Ring]),
+                (1 << 20, vec![AllreduceAlgo::RecursiveDoubling]),
+            ],
+            ..Measured::default()
+        };
+        c.set_tuning(t);
+    }
+}
+
+/// A `tracing` writer into shared memory.
+#[derive(Clone, Default)]
+pub struct Captured(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
