@@ -203,8 +203,6 @@ struct State {
 }
 
 struct Class {
-    /// The number of candidates.
-    k: usize,
     calls: u64,
     /// Kept timings (nanoseconds, scaled to the class's size) per slot: the
     /// candidates' order.
@@ -219,13 +217,17 @@ struct Class {
 impl Class {
     fn new(k: usize) -> Class {
         Class {
-            k,
             calls: 0,
             samples: vec![VecDeque::new(); k],
             decided: Vec::new(),
             agreements: VecDeque::new(),
             first_agreement: 1,
         }
+    }
+
+    /// The number of candidates.
+    fn k(&self) -> usize {
+        self.samples.len()
     }
 
     /// This rank's median per slot (0 where none is kept).
@@ -246,7 +248,7 @@ impl Class {
             let v = self.decided.len() as u64;
             let before = self.decided.last().copied();
             let Some(prev) = before.map(|p| usize::from(p.incumbent)).filter(|_| v >= 2) else {
-                self.decided.push(Plan::new(v, 0, None, self.k, before));
+                self.decided.push(Plan::new(v, 0, None, self.k(), before));
                 continue;
             };
             let a = &self.agreements[(v - 1 - self.first_agreement) as usize];
@@ -254,7 +256,7 @@ impl Class {
                 None => return Err(Step::Wait(a.clone())),
                 Some(Err(e)) => return Err(Step::Failed(e.clone())),
                 Some(Ok(times)) => {
-                    let next = incumbent(prev, &times[..self.k]);
+                    let next = incumbent(prev, &times[..self.k()]);
                     if next != prev {
                         tracing::debug!(
                             target: "hcomm::adapt",
@@ -263,11 +265,11 @@ impl Class {
                             from = class.algos[prev].name(),
                             to = class.algos[next].name(),
                             algos = ?class.candidates(),
-                            times_us = ?times[..self.k].iter().map(|&t| t as f64 / 1e3).collect::<Vec<_>>(),
+                            times_us = ?times[..self.k()].iter().map(|&t| t as f64 / 1e3).collect::<Vec<_>>(),
                             "allreduce selection switched"
                         );
                     }
-                    self.decided.push(Plan::new(v, next, Some(&times[..self.k]), self.k, before));
+                    self.decided.push(Plan::new(v, next, Some(&times[..self.k()]), self.k(), before));
                     self.agreements.pop_front();
                     self.first_agreement += 1;
                 }
@@ -313,7 +315,7 @@ impl Adapt {
         let call = c.calls;
         c.calls += 1;
         if call > 0 && call % WINDOW == 0 {
-            c.agreements.push_back(agreement(g, s.next_tag, c.medians(), c.k));
+            c.agreements.push_back(agreement(g, s.next_tag, c.medians(), c.k()));
             s.next_tag = s.next_tag.wrapping_add(1);
         }
         AdaptTicket { class, call, bytes }
@@ -388,9 +390,9 @@ fn agreement<T: LocalTransport>(g: &Group<T>, tag: u32, mine: Times, k: usize) -
     let me = g.world_rank(g.rank());
     let mailbox = g.transport().mailbox().clone();
     let mut recvs = Vec::with_capacity(g.size().saturating_sub(1));
+    let h = Header::data(me, g.comm_id(), ADAPT_SEQ, tag, &sig, len);
     for r in (0..g.size()).filter(|&r| r != g.rank()) {
         let peer = g.world_rank(r);
-        let h = Header::data(me, g.comm_id(), ADAPT_SEQ, tag, &sig, len);
         // Lazily: the frame goes out with the next write to `peer` (or within a
         // millisecond). Posted at once, it waited in the writer task's queue, and
         // the data writes behind it went through that task too instead of straight

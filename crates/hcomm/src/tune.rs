@@ -257,10 +257,11 @@ impl<T: LocalTransport> Communicator<T> {
                 .await?;
             }
         }
+        let allreduce = ar.table(passes);
         let m = Measured {
             ranks: n,
-            allreduce: ar.table(passes),
-            allreduce_alternatives: ar.alternatives(passes),
+            allreduce_alternatives: ar.alternatives(&allreduce),
+            allreduce,
             broadcast: bc.table(passes),
             allgather: ag.table(passes),
             reduce_scatter: rs.table(passes),
@@ -444,11 +445,12 @@ impl<A: Copy + PartialEq + std::fmt::Debug> Family<A> {
         fastest(&self.sizes, if passes > 1 { &self.later } else { &self.first }, &self.first, &self.algos)
     }
 
-    /// The alternatives to the choice at each size where any came within
-    /// [`ALTERNATIVE`] of the first pass's best there, fastest first by that pass.
-    fn alternatives(&self, passes: usize) -> Vec<(usize, Vec<A>)> {
+    /// The alternatives to the choice at each size of `table` (this family's
+    /// [`Family::table`]) where any came within [`ALTERNATIVE`] of the first pass's
+    /// best there, fastest first by that pass.
+    fn alternatives(&self, table: &[(usize, A)]) -> Vec<(usize, Vec<A>)> {
         let mut out = Vec::new();
-        for (&(size, pick), row) in self.table(passes).iter().zip(&self.first) {
+        for (&(size, pick), row) in table.iter().zip(&self.first) {
             let best = row.iter().copied().fold(f64::INFINITY, f64::min);
             let mut near: Vec<usize> = (0..row.len())
                 .filter(|&j| self.algos[j] != pick && row[j].is_finite() && row[j] <= best * ALTERNATIVE)
@@ -635,13 +637,13 @@ mod tests {
         // One pass: its times decide. At 8, b is within 1.5x (c is not); at 16, c
         // only; at 32 the choice is b and a is 2x behind.
         assert_eq!(f.table(1), vec![(8, 'a'), (16, 'a'), (32, 'b')]);
-        assert_eq!(f.alternatives(1), vec![(8, vec!['b']), (16, vec!['c'])]);
+        assert_eq!(f.alternatives(&f.table(1)), vec![(8, vec!['b']), (16, vec!['c'])]);
         // Where the later passes chose another, the first pass's best is an
         // alternative, and the others by their first-pass times.
         f.first[1] = vec![1.0, 1.1, 1.05];
         f.later = vec![vec![2.0, 2.2, f64::INFINITY], vec![2.1, f64::INFINITY, 2.0], vec![2.1, 2.0, f64::INFINITY]];
         assert_eq!(f.table(2), vec![(8, 'a'), (16, 'c'), (32, 'b')]);
-        assert_eq!(f.alternatives(2), vec![(8, vec!['b']), (16, vec!['a', 'b'])]);
+        assert_eq!(f.alternatives(&f.table(2)), vec![(8, vec!['b']), (16, vec!['a', 'b'])]);
     }
 
     #[test]

@@ -75,31 +75,26 @@ fn names<A: Copy + std::fmt::Display>(table: &[(usize, A)]) -> Vec<(usize, Strin
     table.iter().map(|&(b, a)| (b, a.to_string())).collect()
 }
 
-fn algos<A: std::str::FromStr<Err = Error>>(family: &str, table: &[(usize, String)]) -> Result<Vec<(usize, A)>> {
-    let mut out: Vec<(usize, A)> = Vec::with_capacity(table.len());
-    for (b, name) in table {
+/// A family's table as the file holds it, by `parse` of each entry: sizes in
+/// increasing order.
+fn by_size<V, W>(family: &str, table: &[(usize, V)], parse: impl Fn(&V) -> Result<W>) -> Result<Vec<(usize, W)>> {
+    let mut out: Vec<(usize, W)> = Vec::with_capacity(table.len());
+    for (b, v) in table {
         if out.last().is_some_and(|(prev, _)| prev >= b) {
             return Err(Error::config(format!("{family}: sizes not in increasing order at {b}")));
         }
-        out.push((*b, name.parse().map_err(|e: Error| Error::config(format!("{family} at {b} bytes: {e}")))?));
+        out.push((*b, parse(v).map_err(|e| Error::config(format!("{family} at {b} bytes: {e}")))?));
     }
     Ok(out)
 }
 
-/// The allreduce's alternatives as the file names them: sizes in increasing order,
-/// algorithms by name.
+fn algos<A: std::str::FromStr<Err = Error>>(family: &str, table: &[(usize, String)]) -> Result<Vec<(usize, A)>> {
+    by_size(family, table, |name| name.parse())
+}
+
+/// The allreduce's alternatives as the file names them.
 fn alternatives(table: &[(usize, Vec<String>)]) -> Result<Vec<(usize, Vec<AllreduceAlgo>)>> {
-    let mut out: Vec<(usize, Vec<AllreduceAlgo>)> = Vec::with_capacity(table.len());
-    for (b, names) in table {
-        if out.last().is_some_and(|(prev, _)| prev >= b) {
-            return Err(Error::config(format!("allreduce_alternatives: sizes not in increasing order at {b}")));
-        }
-        let parsed = names
-            .iter()
-            .map(|n| n.parse().map_err(|e: Error| Error::config(format!("allreduce_alternatives at {b} bytes: {e}"))));
-        out.push((*b, parsed.collect::<Result<Vec<AllreduceAlgo>>>()?));
-    }
-    Ok(out)
+    by_size("allreduce_alternatives", table, |names| names.iter().map(|n| n.parse()).collect())
 }
 
 fn shape_of<T: LocalTransport>(comm: &Communicator<T>) -> Shape {
