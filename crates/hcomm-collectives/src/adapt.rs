@@ -1,14 +1,17 @@
-//! The adaptive allreduce selection: where the measured table
-//! ([`Measured`](crate::Measured)) has alternatives close to its choice, the ranks
-//! keep timing them while the job runs and switch together when one gets ahead.
+//! The adaptive algorithm selection: where the measured table
+//! ([`Measured`]) has alternatives close to its choice, the ranks keep timing them
+//! while the job runs and switch together when one gets ahead. It serves the
+//! allreduce, the allgather and the reduce-scatter ([`AlgoFamily`]).
 //!
 //! Why: on ranks that share processors, the algorithms' times drift over a job.
 //! On 4 ranks over TCP on 2 processors, Rabenseifner's allreduce got 2-9% slower
 //! after the tuning, and the binomial tree's time is bimodal, so a table fixed at
-//! tuning time lost 0-2 sizes per run by more than 10% (BENCHMARKS.md, session 23).
+//! tuning time lost 0-2 sizes per run by more than 10% (BENCHMARKS.md, session 23);
+//! the allgather and the reduce-scatter lost one size in some runs at 8-16 KiB
+//! blocks (session 24).
 //!
-//! How, for the allreduces of one *class* (the measured size nearest to theirs),
-//! counted in call order on every rank alike:
+//! How, for the calls of one family and one *class* (the measured size nearest to
+//! theirs), counted in call order on every rank alike:
 //! - The calls go in windows of [`WINDOW`]. In each, the last two may run one of the
 //!   candidates that is not the window's incumbent, the others run the incumbent
 //!   (which, and how often: [`NEAR`], [`FAR_EVERY`]). A call's time is kept (per rank, the last
@@ -40,21 +43,122 @@ use hcomm_core::wire::ADAPT_SEQ;
 use hcomm_core::{DType, Error, ErrorKind, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature};
 use parking_lot::Mutex;
 
-use crate::{AllreduceAlgo, Group};
+use crate::{AllgatherAlgo, AllreduceAlgo, Group, Measured, ReduceScatterAlgo, Tuning};
+
+/// A family's part of the measured table: its choice by size, and its alternatives
+/// at the sizes where any came close.
+pub type Tables<'m, A> = (&'m [(usize, A)], &'m [(usize, Vec<A>)]);
+
+/// An algorithm family the adaptive selection chooses in: where the measured table
+/// keeps its choices and alternatives, and which calls adapt.
+pub trait AlgoFamily: Copy + Eq + std::hash::Hash + std::fmt::Debug + Into<u8> + Send + Sync + 'static {
+    /// The collective's name, in logs and errors.
+    const FAMILY: &'static str;
+    /// The smallest call (bytes as the family's table counts them: the whole
+    /// buffer for the allreduce, one rank's block for the others) the selection
+    /// adapts.
+    const ADAPT_MIN_BYTES: usize;
+    /// Whether the collective reduces: then reproducible float calls do not adapt
+    /// (their order of reduction stays the same from call to call).
+    const REDUCES: bool;
+
+    /// The algorithm's name.
+    fn algo_name(self) -> &'static str;
+
+    /// The measured table's choices of this family, and the alternatives.
+    fn tables(m: &Measured) -> Tables<'_, Self>;
+
+    /// The algorithm the tuning forces for every call (`HCOMM_ALGO_...`), if any.
+    fn forced(t: &Tuning) -> Option<Self>;
+
+    /// The algorithm a call of `bytes` runs where the selection does not adapt: the
+    /// one asked for, else the group's choice.
+    fn chosen<T: LocalTransport>(g: &Group<T>, bytes: usize, float: bool, asked: Option<Self>) -> Self;
+}
+
+impl AlgoFamily for AllreduceAlgo {
+    const FAMILY: &'static str = "allreduce";
+    const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BYTES;
+    const REDUCES: bool = true;
+
+    fn algo_name(self) -> &'static str {
+        self.name()
+    }
+
+    fn tables(m: &Measured) -> Tables<'_, Self> {
+        (&m.allreduce, &m.allreduce_alternatives)
+    }
+
+    fn forced(t: &Tuning) -> Option<Self> {
+        t.allreduce
+    }
+
+    fn chosen<T: LocalTransport>(g: &Group<T>, bytes: usize, float: bool, asked: Option<Self>) -> Self {
+        g.allreduce_algo(bytes, float, asked)
+    }
+}
+
+impl AlgoFamily for AllgatherAlgo {
+    const FAMILY: &'static str = "allgather";
+    const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BLOCK;
+    const REDUCES: bool = false;
+
+    fn algo_name(self) -> &'static str {
+        self.name()
+    }
+
+    fn tables(m: &Measured) -> Tables<'_, Self> {
+        (&m.allgather, &m.allgather_alternatives)
+    }
+
+    fn forced(t: &Tuning) -> Option<Self> {
+        t.allgather
+    }
+
+    fn chosen<T: LocalTransport>(g: &Group<T>, bytes: usize, _float: bool, asked: Option<Self>) -> Self {
+        asked.unwrap_or_else(|| g.allgather_algo(bytes))
+    }
+}
+
+impl AlgoFamily for ReduceScatterAlgo {
+    const FAMILY: &'static str = "reduce_scatter";
+    const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BLOCK;
+    const REDUCES: bool = true;
+
+    fn algo_name(self) -> &'static str {
+        self.name()
+    }
+
+    fn tables(m: &Measured) -> Tables<'_, Self> {
+        (&m.reduce_scatter, &m.reduce_scatter_alternatives)
+    }
+
+    fn forced(t: &Tuning) -> Option<Self> {
+        t.reduce_scatter
+    }
+
+    fn chosen<T: LocalTransport>(g: &Group<T>, bytes: usize, _float: bool, asked: Option<Self>) -> Self {
+        asked.unwrap_or_else(|| g.reduce_scatter_algo(bytes))
+    }
+}
 
 /// Calls of a class per window: the last two may time an alternative, and the first
 /// posts this rank's timings (8 bytes per candidate) to every other rank.
 pub const WINDOW: u64 = 16;
 
-/// The smallest allreduce (bytes) the selection adapts: below, one call takes tens
-/// of microseconds, and keeping its time would cost a few percent of it.
+/// The smallest allreduce (bytes) the selection adapts.
 pub const ADAPT_MIN_BYTES: usize = 64 << 10;
+
+/// The smallest block (bytes per rank) of an allgather or a reduce-scatter the
+/// selection adapts.
+pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 
 /// Timings kept per rank and algorithm in a class: the median of these is what the
 /// rank sends. An alternative gets one per window it is timed in.
 pub const SAMPLES: usize = 5;
 
-/// The most algorithms a class weighs: every allreduce the selection chooses from.
+/// The most algorithms a class weighs: every allreduce the selection chooses from
+/// (the other families have fewer).
 pub const MAX_CANDIDATES: usize = 5;
 
 /// An alternative whose agreed time is within this factor of the incumbent's (or
@@ -123,17 +227,26 @@ type Agreement = Shared<Pin<Box<dyn Future<Output = Result<Times>> + Send>>>;
 /// A class of the selection: a measured size and its candidates, the table's
 /// choice first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Contest {
+pub struct Contest<A> {
     bytes: usize,
-    algos: [AllreduceAlgo; MAX_CANDIDATES],
+    algos: [A; MAX_CANDIDATES],
     len: u8,
 }
 
-impl Contest {
+/// A class's key among every family's: the family, the size and the candidates'
+/// wire codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    family: &'static str,
+    bytes: usize,
+    codes: [u8; MAX_CANDIDATES],
+}
+
+impl<A: AlgoFamily> Contest<A> {
     /// The class of measured size `bytes` with `choice` and the `others` after it
     /// (those beyond [`MAX_CANDIDATES`], and repeats, are left out). `None` without
     /// another.
-    pub fn new(bytes: usize, choice: AllreduceAlgo, others: &[AllreduceAlgo]) -> Option<Contest> {
+    pub fn new(bytes: usize, choice: A, others: &[A]) -> Option<Contest<A>> {
         let mut c = Contest { bytes, algos: [choice; MAX_CANDIDATES], len: 1 };
         for &a in others {
             if usize::from(c.len) < MAX_CANDIDATES && !c.candidates().contains(&a) {
@@ -145,8 +258,13 @@ impl Contest {
     }
 
     /// The candidates, the table's choice first.
-    pub fn candidates(&self) -> &[AllreduceAlgo] {
+    pub fn candidates(&self) -> &[A] {
         &self.algos[..usize::from(self.len)]
+    }
+
+    /// The class's key (the codes past the candidates repeat the first).
+    fn key(&self) -> Key {
+        Key { family: A::FAMILY, bytes: self.bytes, codes: self.algos.map(Into::into) }
     }
 
     /// The measured size.
@@ -158,24 +276,24 @@ impl Contest {
 /// What a call of the adaptive selection takes from its call to its run: its class
 /// and its number in it.
 #[derive(Debug, Clone, Copy)]
-pub struct AdaptTicket {
-    class: Contest,
+pub struct AdaptTicket<A> {
+    class: Contest<A>,
     call: u64,
     bytes: usize,
 }
 
-impl AdaptTicket {
+impl<A: Copy> AdaptTicket<A> {
     /// The table's choice for this call's class (a placeholder for the signature of
     /// a call that fails before it runs).
-    pub fn first(&self) -> AllreduceAlgo {
+    pub fn first(&self) -> A {
         self.class.algos[0]
     }
 }
 
 /// The algorithm a call runs, and whether its time is kept.
 #[derive(Debug, Clone, Copy)]
-pub struct AdaptChoice {
-    pub algo: AllreduceAlgo,
+pub struct AdaptChoice<A> {
+    pub algo: A,
     slot: usize,
     keep: bool,
 }
@@ -197,7 +315,7 @@ struct State {
     /// By class (a later table with other candidates at a size starts a class of
     /// its own; every rank changes tables at the same call, so the classes stay
     /// alike).
-    classes: HashMap<Contest, Class>,
+    classes: HashMap<Key, Class>,
     /// The number of the next agreement (its messages' tag), over all classes.
     next_tag: u32,
 }
@@ -243,7 +361,7 @@ impl Class {
 
     /// Decides windows up to `w`, in order: `Ok` when done, else the agreement to
     /// wait for (or the error it ended with).
-    fn decide(&mut self, w: u64, class: &Contest) -> std::result::Result<(), Step> {
+    fn decide<A: AlgoFamily>(&mut self, w: u64, class: &Contest<A>) -> std::result::Result<(), Step> {
         while self.decided.len() as u64 <= w {
             let v = self.decided.len() as u64;
             let before = self.decided.last().copied();
@@ -260,13 +378,14 @@ impl Class {
                     if next != prev {
                         tracing::debug!(
                             target: "hcomm::adapt",
+                            family = A::FAMILY,
                             bytes = class.bytes,
                             window = v,
-                            from = class.algos[prev].name(),
-                            to = class.algos[next].name(),
+                            from = class.algos[prev].algo_name(),
+                            to = class.algos[next].algo_name(),
                             algos = ?class.candidates(),
                             times_us = ?times[..self.k()].iter().map(|&t| t as f64 / 1e3).collect::<Vec<_>>(),
-                            "allreduce selection switched"
+                            "algorithm selection switched"
                         );
                     }
                     self.decided.push(Plan::new(v, next, Some(&times[..self.k()]), self.k(), before));
@@ -308,14 +427,19 @@ impl Adapt {
     /// Numbers a call of `class` (see [`crate::Measured::contest`]) of `bytes`, at
     /// its call; at the first call of a window from the second on, posts this rank's
     /// timings to every other rank and registers the receives of theirs.
-    pub(crate) fn ticket<T: LocalTransport>(&self, g: &Group<T>, class: Contest, bytes: usize) -> AdaptTicket {
+    pub(crate) fn ticket<T: LocalTransport, A: AlgoFamily>(
+        &self,
+        g: &Group<T>,
+        class: Contest<A>,
+        bytes: usize,
+    ) -> AdaptTicket<A> {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let c = s.classes.entry(class).or_insert_with(|| Class::new(class.candidates().len()));
+        let c = s.classes.entry(class.key()).or_insert_with(|| Class::new(class.candidates().len()));
         let call = c.calls;
         c.calls += 1;
         if call > 0 && call % WINDOW == 0 {
-            c.agreements.push_back(agreement(g, s.next_tag, c.medians(), c.k()));
+            c.agreements.push_back(agreement(g, A::FAMILY, s.next_tag, c.medians(), c.k()));
             s.next_tag = s.next_tag.wrapping_add(1);
         }
         AdaptTicket { class, call, bytes }
@@ -327,11 +451,11 @@ impl Adapt {
     /// # Errors
     /// The agreement's: a peer's failure, the communicator's abort, a timeout naming
     /// the rank whose timings did not come, a protocol error for a malformed message.
-    pub(crate) async fn choose(&self, t: &AdaptTicket) -> Result<AdaptChoice> {
+    pub(crate) async fn choose<A: AlgoFamily>(&self, t: &AdaptTicket<A>) -> Result<AdaptChoice<A>> {
         loop {
             let wait = {
                 let mut s = self.state.lock();
-                let c = s.classes.get_mut(&t.class).expect("a ticket's class stays");
+                let c = s.classes.get_mut(&t.class.key()).expect("a ticket's class stays");
                 match c.decide(t.call / WINDOW, &t.class) {
                     Ok(()) => {
                         let slot = c.slot(t.call);
@@ -349,13 +473,13 @@ impl Adapt {
 
     /// Keeps the time of call `t` (which ran `choice` and succeeded), if it is one
     /// to keep.
-    pub(crate) fn record(&self, t: &AdaptTicket, choice: &AdaptChoice, took: Duration) {
+    pub(crate) fn record<A: AlgoFamily>(&self, t: &AdaptTicket<A>, choice: &AdaptChoice<A>, took: Duration) {
         if !choice.keep || t.bytes == 0 {
             return;
         }
         let scaled = (took.as_nanos() * t.class.bytes as u128 / t.bytes as u128).min(u64::MAX as u128) as u64;
         let mut s = self.state.lock();
-        if let Some(c) = s.classes.get_mut(&t.class) {
+        if let Some(c) = s.classes.get_mut(&t.class.key()) {
             let q = &mut c.samples[choice.slot];
             if q.len() == SAMPLES {
                 q.pop_front();
@@ -366,17 +490,18 @@ impl Adapt {
 
     /// The incumbent algorithm of `class` now (the table's choice before any
     /// decision).
-    pub(crate) fn current(&self, class: &Contest) -> AllreduceAlgo {
+    pub(crate) fn current<A: AlgoFamily>(&self, class: &Contest<A>) -> A {
         let s = self.state.lock();
-        let slot = s.classes.get(class).and_then(|c| c.decided.last()).map_or(0, |p| p.incumbent);
+        let slot = s.classes.get(&class.key()).and_then(|c| c.decided.last()).map_or(0, |p| p.incumbent);
         class.algos[usize::from(slot)]
     }
 }
 
-/// Posts the first `k` of `mine` to every other rank of `g` under `tag` (`k`
-/// little-endian `u64`) and returns the agreement: the element-wise maximum of
-/// every rank's, once all came, within the group's timeout from now.
-fn agreement<T: LocalTransport>(g: &Group<T>, tag: u32, mine: Times, k: usize) -> Agreement {
+/// Posts the first `k` of `mine` (timings of a class of `family`) to every other
+/// rank of `g` under `tag` (`k` little-endian `u64`) and returns the agreement: the
+/// element-wise maximum of every rank's, once all came, within the group's timeout
+/// from now.
+fn agreement<T: LocalTransport>(g: &Group<T>, family: &'static str, tag: u32, mine: Times, k: usize) -> Agreement {
     let len = 8 * k;
     let sig = Signature {
         op: OpKind::AllReduce,
@@ -412,7 +537,7 @@ fn agreement<T: LocalTransport>(g: &Group<T>, tag: u32, mine: Times, k: usize) -
                 Err(_) => {
                     return Err(Error::new(
                         ErrorKind::Timeout,
-                        format!("rank {r} did not send its allreduce timings (agreement {tag}) within {timeout:?}"),
+                        format!("rank {r} did not send its {family} timings (agreement {tag}) within {timeout:?}"),
                     )
                     .with_peer(peer));
                 }
@@ -421,7 +546,7 @@ fn agreement<T: LocalTransport>(g: &Group<T>, tag: u32, mine: Times, k: usize) -
             if p.len() != len {
                 return Err(Error::new(
                     ErrorKind::Protocol,
-                    format!("rank {r}'s allreduce timings (agreement {tag}) are {} bytes, not {len}", p.len()),
+                    format!("rank {r}'s {family} timings (agreement {tag}) are {} bytes, not {len}", p.len()),
                 )
                 .with_peer(peer));
             }
@@ -443,7 +568,7 @@ mod tests {
     use hcomm_transport::MemTransport;
 
     use super::*;
-    use crate::{AllreducePlan, Measured};
+    use crate::AlgoPlan;
 
     const CLASS: usize = 1 << 20;
     const FIRST: AllreduceAlgo = AllreduceAlgo::Tree;
@@ -475,10 +600,10 @@ mod tests {
         groups_with(n, timeout, &[SECOND])
     }
 
-    fn ticket(g: &Group<MemTransport>, bytes: usize) -> AdaptTicket {
-        match g.allreduce_plan(bytes, true, None) {
-            AllreducePlan::Adaptive(t) => t,
-            AllreducePlan::Now(a) => panic!("{bytes} bytes: not adaptive, {a}"),
+    fn ticket(g: &Group<MemTransport>, bytes: usize) -> AdaptTicket<AllreduceAlgo> {
+        match g.plan(bytes, true, None) {
+            AlgoPlan::Adaptive(t) => t,
+            AlgoPlan::Now(a) => panic!("{bytes} bytes: not adaptive, {a}"),
         }
     }
 
@@ -491,9 +616,9 @@ mod tests {
     ) -> Vec<AllreduceAlgo> {
         let mut ran = Vec::new();
         for _ in 0..calls {
-            let ts: Vec<AdaptTicket> = gs.iter().map(|g| ticket(g, CLASS)).collect();
+            let ts: Vec<AdaptTicket<AllreduceAlgo>> = gs.iter().map(|g| ticket(g, CLASS)).collect();
             let cs = futures::future::join_all(gs.iter().zip(&ts).map(|(g, t)| g.adapt_choose(t))).await;
-            let cs: Vec<AdaptChoice> = cs.into_iter().map(Result::unwrap).collect();
+            let cs: Vec<AdaptChoice<AllreduceAlgo>> = cs.into_iter().map(Result::unwrap).collect();
             assert!(cs.iter().all(|c| c.algo == cs[0].algo), "ranks chose apart: {cs:?}");
             for (r, ((g, t), c)) in gs.iter().zip(&ts).zip(&cs).enumerate() {
                 g.adapt_record(t, c, took(r, c.algo));
@@ -594,6 +719,43 @@ mod tests {
         assert!(Contest::new(8, FIRST, &[FIRST]).is_none());
     }
 
+    #[test]
+    fn each_family_adapts_on_its_own_from_its_own_floor() {
+        let mut g = groups(1, Duration::from_secs(1)).remove(0);
+        let mut t = g.tuning().clone();
+        t.measured.allgather = vec![(CLASS, AllgatherAlgo::Ring)];
+        t.measured.allgather_alternatives = vec![(CLASS, vec![AllgatherAlgo::Bruck])];
+        t.measured.reduce_scatter = vec![(CLASS, ReduceScatterAlgo::Ring)];
+        t.measured.reduce_scatter_alternatives = vec![(CLASS, vec![ReduceScatterAlgo::RecursiveHalving])];
+        g.set_tuning(t.clone());
+        fn call<A>(p: AlgoPlan<A>) -> Option<u64> {
+            match p {
+                AlgoPlan::Adaptive(t) => Some(t.call),
+                AlgoPlan::Now(_) => None,
+            }
+        }
+        // Counted per family: calls of one size in three families.
+        assert_eq!(call(g.plan::<AllreduceAlgo>(CLASS, true, None)), Some(0));
+        assert_eq!(call(g.plan::<AllgatherAlgo>(CLASS, true, None)), Some(0));
+        assert_eq!(call(g.plan::<AllgatherAlgo>(CLASS, true, None)), Some(1));
+        assert_eq!(call(g.plan::<ReduceScatterAlgo>(CLASS, true, None)), Some(0));
+        assert_eq!(call(g.plan::<AllreduceAlgo>(CLASS, true, None)), Some(1));
+        // The blocks' floor is below the allreduce's.
+        assert_eq!(call(g.plan::<AllgatherAlgo>(ADAPT_MIN_BLOCK, false, None)), Some(2));
+        assert_eq!(call(g.plan::<AllgatherAlgo>(ADAPT_MIN_BLOCK - 4, false, None)), None);
+        assert_eq!(call(g.plan::<AllreduceAlgo>(ADAPT_MIN_BLOCK, false, None)), None);
+        // Reproducible: float reductions keep one algorithm, the allgather adapts.
+        t.reproducible = true;
+        g.set_tuning(t.clone());
+        assert!(matches!(g.plan::<ReduceScatterAlgo>(CLASS, true, None), AlgoPlan::Now(ReduceScatterAlgo::Ring)));
+        assert!(call(g.plan::<ReduceScatterAlgo>(CLASS, false, None)).is_some());
+        assert!(call(g.plan::<AllgatherAlgo>(CLASS, true, None)).is_some());
+        // Forced by the tuning: not adaptive.
+        t.allgather = Some(AllgatherAlgo::Bruck);
+        g.set_tuning(t);
+        assert!(matches!(g.plan::<AllgatherAlgo>(CLASS, false, None), AlgoPlan::Now(AllgatherAlgo::Bruck)));
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn every_rank_switches_at_the_same_call_by_the_slowest_ranks_times() {
         let gs = groups(3, Duration::from_secs(10));
@@ -617,11 +779,11 @@ mod tests {
             let want = if window >= 2 || offset >= w - 2 { SECOND } else { FIRST };
             assert_eq!(*a, want, "call {k}");
         }
-        assert!(gs.iter().all(|g| g.allreduce_algo_now(CLASS, true) == SECOND));
+        assert!(gs.iter().all(|g| g.algo_now::<AllreduceAlgo>(CLASS, true) == SECOND));
         // Other sizes of the class share it; below 64 KiB and forced calls do not adapt.
-        assert!(matches!(gs[0].allreduce_plan(CLASS * 3 / 2, true, None), AllreducePlan::Adaptive(_)));
-        assert!(matches!(gs[0].allreduce_plan(ADAPT_MIN_BYTES - 4, true, None), AllreducePlan::Now(_)));
-        assert!(matches!(gs[0].allreduce_plan(CLASS, true, Some(FIRST)), AllreducePlan::Now(FIRST)));
+        assert!(matches!(gs[0].plan::<AllreduceAlgo>(CLASS * 3 / 2, true, None), AlgoPlan::Adaptive(_)));
+        assert!(matches!(gs[0].plan::<AllreduceAlgo>(ADAPT_MIN_BYTES - 4, true, None), AlgoPlan::Now(_)));
+        assert!(matches!(gs[0].plan(CLASS, true, Some(FIRST)), AlgoPlan::Now(FIRST)));
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -632,9 +794,9 @@ mod tests {
         assert!(ran.iter().enumerate().all(|(k, a)| (*a == FIRST) == (k as u64 % WINDOW < WINDOW - 2)));
         // The runner-up clearly ahead, then clearly behind again.
         drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
-        assert_eq!(gs[0].allreduce_algo_now(CLASS, true), SECOND);
+        assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), SECOND);
         let ran = drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { ms(2) } else { ms(1) }).await;
-        assert_eq!(gs[0].allreduce_algo_now(CLASS, true), FIRST);
+        assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), FIRST);
         assert_eq!(ran[ran.len() - 3], FIRST);
     }
 
@@ -660,7 +822,7 @@ mod tests {
         assert_eq!(ran[2 * w - 1], third);
         assert_eq!(ran[2 * w], FIRST);
         assert_eq!(ran[3 * w], third);
-        assert_eq!(gs[1].allreduce_algo_now(CLASS, true), third);
+        assert_eq!(gs[1].algo_now::<AllreduceAlgo>(CLASS, true), third);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -691,7 +853,7 @@ mod tests {
         for _ in 0..WINDOW {
             let _ = ticket(&gs1[0], CLASS);
         }
-        let t0: Vec<AdaptTicket> = (0..WINDOW).map(|_| ticket(&gs1[0], CLASS)).collect();
+        let t0: Vec<AdaptTicket<AllreduceAlgo>> = (0..WINDOW).map(|_| ticket(&gs1[0], CLASS)).collect();
         let mut fut = Box::pin(gs1[0].adapt_choose(&t0[0]));
         // Window 1's first call takes the table's choice without waiting.
         assert!(futures::poll!(fut.as_mut()).is_ready());

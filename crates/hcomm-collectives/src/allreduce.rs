@@ -10,7 +10,7 @@ use futures::future::{try_join, try_join_all};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 use hcomm_topology::{Level, Topology};
 
-use crate::adapt::Contest;
+use crate::adapt::{AlgoFamily, Contest};
 use crate::exchange::ring_allgatherv_in;
 use crate::exchange::{AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo};
 use crate::rooted::{BCAST_CHAIN_CHUNK_BYTES, BcastAlgo};
@@ -535,7 +535,11 @@ pub struct Measured {
     pub allreduce_alternatives: Vec<(usize, Vec<AllreduceAlgo>)>,
     pub broadcast: Vec<(usize, BcastAlgo)>,
     pub allgather: Vec<(usize, AllgatherAlgo)>,
+    /// As `allreduce_alternatives`, for the allgather.
+    pub allgather_alternatives: Vec<(usize, Vec<AllgatherAlgo>)>,
     pub reduce_scatter: Vec<(usize, ReduceScatterAlgo)>,
+    /// As `allreduce_alternatives`, for the reduce-scatter.
+    pub reduce_scatter_alternatives: Vec<(usize, Vec<ReduceScatterAlgo>)>,
     pub alltoall: Vec<(usize, AlltoallAlgo)>,
 }
 
@@ -555,15 +559,16 @@ impl Measured {
         nearest(table, bytes).map(|i| table[i].1)
     }
 
-    /// Where the adaptive selection decides an allreduce of `bytes` on `n` ranks:
-    /// the measured size nearest to `bytes` (its class), with the choice and the
-    /// alternatives there, if the table has any at that size.
-    pub fn contest(&self, n: usize, bytes: usize) -> Option<Contest> {
+    /// Where the adaptive selection decides a call of family `A` of `bytes` on `n`
+    /// ranks: the measured size nearest to `bytes` (its class), with the choice and
+    /// the alternatives there, if the table has any at that size.
+    pub fn contest<A: AlgoFamily>(&self, n: usize, bytes: usize) -> Option<Contest<A>> {
         if n != self.ranks {
             return None;
         }
-        let (size, first) = self.allreduce[nearest(&self.allreduce, bytes)?];
-        let (_, others) = self.allreduce_alternatives.iter().find(|(s, _)| *s == size)?;
+        let (table, alternatives) = A::tables(self);
+        let (size, first) = table[nearest(table, bytes)?];
+        let (_, others) = alternatives.iter().find(|(s, _)| *s == size)?;
         Contest::new(size, first, others)
     }
 }
@@ -674,11 +679,12 @@ pub struct Tuning {
     /// Set at `init` from the operating system's count of online processors, which
     /// every rank of one host reads alike.
     pub crowded: Option<Crowded>,
-    /// The adaptive allreduce selection (`HCOMM_ADAPT`, default on): where the
-    /// measured table has alternatives ([`Measured::allreduce_alternatives`]),
-    /// allreduces of 64 KiB and more keep timing the choice and them while the job
-    /// runs, and every rank switches to the fastest at the same call (see
-    /// [`crate::adapt`]). Off, the table decides alone.
+    /// The adaptive selection (`HCOMM_ADAPT`, default on): where the measured
+    /// table has alternatives ([`Measured::allreduce_alternatives`] and the
+    /// allgather's and reduce-scatter's), allreduces of 64 KiB and more, and
+    /// allgathers and reduce-scatters of 4 KiB blocks and more, keep timing the
+    /// choice and them while the job runs, and every rank switches to the fastest
+    /// at the same call (see [`crate::adapt`]). Off, the table decides alone.
     pub adaptive: bool,
 }
 

@@ -16,7 +16,7 @@ use hcomm_core::{
 };
 use hcomm_topology::Topology;
 
-use crate::adapt::{ADAPT_MIN_BYTES, Adapt, AdaptChoice, AdaptTicket, Contest};
+use crate::adapt::{Adapt, AdaptChoice, AdaptTicket, AlgoFamily, Contest};
 use crate::allreduce::{AllreduceAlgo, HierPlan, Layout, Tuning};
 use crate::checks::Checks;
 use crate::{AllgatherAlgo, AlltoallAlgo, BcastAlgo, ReduceScatterAlgo};
@@ -48,18 +48,19 @@ pub struct Group<T> {
     memo: Memos,
     /// The deferred argument checks ([`ArgCheck::Deferred`](crate::ArgCheck::Deferred)).
     checks: Checks,
-    /// The adaptive allreduce selection ([`crate::adapt`]).
+    /// The adaptive selection ([`crate::adapt`]).
     adapt: Adapt,
 }
 
-/// How an allreduce chooses its algorithm ([`Group::allreduce_plan`]).
+/// How a collective of a family the adaptive selection serves chooses its
+/// algorithm ([`Group::plan`]).
 #[derive(Debug, Clone, Copy)]
-pub enum AllreducePlan {
+pub enum AlgoPlan<A> {
     /// This algorithm, known at the call.
-    Now(AllreduceAlgo),
+    Now(A),
     /// The adaptive selection's, known when the call runs
     /// ([`Group::adapt_choose`]).
-    Adaptive(AdaptTicket),
+    Adaptive(AdaptTicket<A>),
 }
 
 /// The last selections of one collective, by message size and float-ness, in a few
@@ -232,24 +233,29 @@ impl<T: LocalTransport> Group<T> {
         self.memo.allreduce.get_or(&AllreduceAlgo::ALL, bytes, float, choose)
     }
 
-    /// How an allreduce of `bytes` (floats: `float`) chooses its algorithm, called
-    /// when the operation is: as [`Group::allreduce_algo`], except where the
-    /// adaptive selection decides ([`Tuning::adaptive`]: not asked for an algorithm,
-    /// none forced, not a reproducible float reduction, 64 KiB or more, and
-    /// alternatives in the measured table at the nearest size). That call is numbered
-    /// in its class now, so call this once per operation, in call order.
-    pub fn allreduce_plan(&self, bytes: usize, float: bool, asked: Option<AllreduceAlgo>) -> AllreducePlan {
-        match self.adaptive_class(bytes, float).filter(|_| asked.is_none()) {
-            Some(class) => AllreducePlan::Adaptive(self.adapt.ticket(self, class, bytes)),
-            None => AllreducePlan::Now(self.allreduce_algo(bytes, float, asked)),
+    /// How a collective of family `A` of `bytes` (as the family's table counts
+    /// them; floats: `float`) chooses its algorithm, called when the operation is:
+    /// the one asked for, else the group's choice ([`Group::allreduce_algo`] and the
+    /// others), except where the adaptive selection decides ([`Tuning::adaptive`]:
+    /// not asked for an algorithm, none forced, not a reproducible float reduction,
+    /// at least [`AlgoFamily::ADAPT_MIN_BYTES`], and alternatives in the measured
+    /// table at the nearest size). That call is numbered in its class now, so call
+    /// this once per operation, in call order.
+    pub fn plan<A: AlgoFamily>(&self, bytes: usize, float: bool, asked: Option<A>) -> AlgoPlan<A> {
+        match self.adaptive_class::<A>(bytes, float).filter(|_| asked.is_none()) {
+            Some(class) => AlgoPlan::Adaptive(self.adapt.ticket(self, class, bytes)),
+            None => AlgoPlan::Now(A::chosen(self, bytes, float, asked)),
         }
     }
 
-    /// The adaptive selection's class of an allreduce of `bytes` not asked for an
-    /// algorithm, if it decides there (see [`Group::allreduce_plan`]).
-    fn adaptive_class(&self, bytes: usize, float: bool) -> Option<Contest> {
+    /// The adaptive selection's class of a call of `bytes` not asked for an
+    /// algorithm, if it decides there (see [`Group::plan`]).
+    fn adaptive_class<A: AlgoFamily>(&self, bytes: usize, float: bool) -> Option<Contest<A>> {
         let t = &self.tuning;
-        let adapts = bytes >= ADAPT_MIN_BYTES && t.adaptive && t.allreduce.is_none() && !(t.reproducible && float);
+        let adapts = bytes >= A::ADAPT_MIN_BYTES
+            && t.adaptive
+            && A::forced(t).is_none()
+            && !(A::REDUCES && t.reproducible && float);
         adapts.then(|| t.measured.contest(self.size(), bytes)).flatten()
     }
 
@@ -263,24 +269,24 @@ impl<T: LocalTransport> Group<T> {
     ///
     /// # Cancel safety
     /// Cancel safe: what the selection waits for is held by the group.
-    pub async fn adapt_choose(&self, ticket: &AdaptTicket) -> Result<AdaptChoice> {
+    pub async fn adapt_choose<A: AlgoFamily>(&self, ticket: &AdaptTicket<A>) -> Result<AdaptChoice<A>> {
         self.adapt.choose(ticket).await
     }
 
     /// Keeps the time `took` of the call of `ticket`, which ran `choice` and
     /// succeeded (call it for successful calls only).
-    pub fn adapt_record(&self, ticket: &AdaptTicket, choice: &AdaptChoice, took: Duration) {
+    pub fn adapt_record<A: AlgoFamily>(&self, ticket: &AdaptTicket<A>, choice: &AdaptChoice<A>, took: Duration) {
         self.adapt.record(ticket, choice, took);
     }
 
-    /// The allreduce algorithm an allreduce of `bytes` would run now, as
-    /// [`Group::allreduce_plan`] decides but without numbering a call: where the
-    /// adaptive selection decides, its incumbent (a window's last two calls may run
+    /// The algorithm a call of family `A` of `bytes` would run now, as
+    /// [`Group::plan`] decides but without numbering a call: where the adaptive
+    /// selection decides, its incumbent (a window's last two calls may run
     /// another).
-    pub fn allreduce_algo_now(&self, bytes: usize, float: bool) -> AllreduceAlgo {
-        match self.adaptive_class(bytes, float) {
+    pub fn algo_now<A: AlgoFamily>(&self, bytes: usize, float: bool) -> A {
+        match self.adaptive_class::<A>(bytes, float) {
             Some(class) => self.adapt.current(&class),
-            None => self.allreduce_algo(bytes, float, None),
+            None => A::chosen(self, bytes, float, None),
         }
     }
 

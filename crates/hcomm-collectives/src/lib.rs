@@ -68,7 +68,7 @@ mod shrink;
 use futures::future::try_join;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
-pub use adapt::{AdaptChoice, AdaptTicket, Contest};
+pub use adapt::{AdaptChoice, AdaptTicket, AlgoFamily, Contest};
 pub use allreduce::{
     AllreduceAlgo, ArgCheck, CostModel, Crowded, HierPlan, Layout, LinkCost, Measured, RING_CHUNK_BYTES,
     RING_MAX_COLUMNS, Stage, Tuning, allreduce, allreduce_signature,
@@ -78,7 +78,7 @@ pub use exchange::{
     AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo, allgather, allgatherv, bruck_alltoall, pairwise_alltoallv,
     reduce_scatter, reduce_scatter_signature,
 };
-pub use group::{AllreducePlan, DEFAULT_STALL_WARN, Group, OpCtx, P2pDeadline, Unstarted};
+pub use group::{AlgoPlan, DEFAULT_STALL_WARN, Group, OpCtx, P2pDeadline, Unstarted};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
 pub use scan::scan;
 

@@ -142,7 +142,14 @@ impl<T: LocalTransport> Communicator<T> {
     /// adaptive selection decides, the algorithm its current window runs (whose
     /// last two calls may run another).
     pub fn allreduce_algo_for(&self, bytes: usize, float: bool) -> coll::AllreduceAlgo {
-        self.group.allreduce_algo_now(bytes, float)
+        self.algo_for(bytes, float)
+    }
+
+    /// As [`Communicator::allreduce_algo_for`], for any family the adaptive
+    /// selection serves: the allreduce, the allgather and the reduce-scatter
+    /// (`bytes` as their tables count them: one rank's block for the latter two).
+    pub fn algo_for<A: coll::AlgoFamily>(&self, bytes: usize, float: bool) -> A {
+        self.group.algo_now::<A>(bytes, float)
     }
 
     /// Number of levels (host, rack) at which the hierarchical allreduce
@@ -272,13 +279,13 @@ impl<T: LocalTransport> Communicator<T> {
         asked: Option<coll::AllreduceAlgo>,
     ) -> impl Future<Output = Result<()>> + 'a {
         let bytes = std::mem::size_of_val(buf);
-        match self.group.allreduce_plan(bytes, E::DTYPE.is_float(), asked) {
-            coll::AllreducePlan::Now(algo) => {
+        match self.group.plan(bytes, E::DTYPE.is_float(), asked) {
+            coll::AlgoPlan::Now(algo) => {
                 let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op, algo));
                 let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
                 Either::Left(coll::allreduce(ctx, buf, op, algo).instrument(span))
             }
-            coll::AllreducePlan::Adaptive(ticket) => {
+            coll::AlgoPlan::Adaptive(ticket) => {
                 let seq = self.group.reserve();
                 let sig = coll::allreduce_signature::<E>(buf.len(), op, ticket.first());
                 Either::Right(adaptive_all_reduce(self.group.unstarted(seq, sig), ticket, buf, op))
@@ -306,10 +313,10 @@ impl<T: LocalTransport> Communicator<T> {
     where
         T: 'static,
     {
-        let plan = self.group.allreduce_plan(std::mem::size_of_val(&buf[..]), E::DTYPE.is_float(), None);
+        let plan = self.group.plan(std::mem::size_of_val(&buf[..]), E::DTYPE.is_float(), None);
         let algo = match plan {
-            coll::AllreducePlan::Now(algo) => algo,
-            coll::AllreducePlan::Adaptive(ticket) => ticket.first(),
+            coll::AlgoPlan::Now(algo) => algo,
+            coll::AlgoPlan::Adaptive(ticket) => ticket.first(),
         };
         let sig = coll::allreduce_signature::<E>(buf.len(), op, algo);
         let ticket = Reserved { comm: self.clone(), seq: self.group.reserve(), sig: Some(sig) };
@@ -317,7 +324,7 @@ impl<T: LocalTransport> Communicator<T> {
             let mut ticket = ticket;
             let sig = ticket.sig.take().expect("a ticket starts once");
             let group = &ticket.comm.group;
-            if let coll::AllreducePlan::Adaptive(adapt) = plan {
+            if let coll::AlgoPlan::Adaptive(adapt) = plan {
                 return adaptive_all_reduce(group.unstarted(ticket.seq, sig), adapt, &mut buf, op).await.map(|()| buf);
             }
             let ctx = group.begin_reserved(ticket.seq, sig);
@@ -531,8 +538,18 @@ impl<T: LocalTransport> Communicator<T> {
         send: &'a [E],
         recv: &'a mut [E],
     ) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.allgather_algo(std::mem::size_of_val(send));
-        self.all_gather_with(send, recv, algo)
+        match self.group.plan(std::mem::size_of_val(send), false, None) {
+            coll::AlgoPlan::Now(algo) => Either::Left(self.all_gather_with(send, recv, algo)),
+            coll::AlgoPlan::Adaptive(ticket) => {
+                let count = send.len();
+                let sig = move |algo| coll::allgather_signature::<E>(count, algo);
+                let op = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
+                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| {
+                    let span = tracing::debug_span!("allgather", seq = ctx.seq(), count, dtype = %E::DTYPE, algo = algo.name());
+                    coll::allgather(ctx, send, recv, algo).instrument(span)
+                }))
+            }
+        }
     }
 
     /// [`Communicator::all_gather`] with a chosen algorithm. Every rank must choose
@@ -1043,8 +1060,19 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         op: ReduceOp,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.reduce_scatter_algo(std::mem::size_of_val(recv));
-        self.reduce_scatter_with(send, recv, op, algo)
+        match self.group.plan(std::mem::size_of_val(recv), E::DTYPE.is_float(), None) {
+            coll::AlgoPlan::Now(algo) => Either::Left(self.reduce_scatter_with(send, recv, op, algo)),
+            coll::AlgoPlan::Adaptive(ticket) => {
+                let count = recv.len();
+                let sig = move |algo| coll::reduce_scatter_signature::<E>(count, None, op, algo);
+                let unstarted = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
+                let counts = vec![count; self.size()];
+                Either::Right(adaptive(unstarted, ticket, sig, move |ctx, algo| {
+                    let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count, dtype = %E::DTYPE, %op, algo = algo.name());
+                    async move { coll::reduce_scatter(ctx, send, recv, &counts, op, algo).await }.instrument(span)
+                }))
+            }
+        }
     }
 
     /// [`Communicator::reduce_scatter`] with a chosen algorithm. Every rank must
@@ -1304,27 +1332,46 @@ impl<T: LocalTransport> Drop for Communicator<T> {
     }
 }
 
-/// An allreduce whose algorithm the adaptive selection chooses when it runs
+/// A collective whose algorithm the adaptive selection chooses when it runs
 /// ([`coll::adapt`]): numbered at its call (`op`, unstarted), it waits, if need be,
-/// for the agreement that decides its window, runs, and keeps its time.
-async fn adaptive_all_reduce<T: LocalTransport, E: Element>(
-    op: coll::Unstarted<'_, T>,
-    ticket: coll::AdaptTicket,
-    buf: &mut [E],
-    reduce: ReduceOp,
-) -> Result<()> {
+/// for the agreement that decides its window, starts with the signature `sig` gives
+/// for the algorithm, runs `run` and keeps its time.
+async fn adaptive<'g, T, A, Fut>(
+    op: coll::Unstarted<'g, T>,
+    ticket: coll::AdaptTicket<A>,
+    sig: impl FnOnce(A) -> Signature,
+    run: impl FnOnce(coll::OpCtx<'g, T>, A) -> Fut,
+) -> Result<()>
+where
+    T: LocalTransport,
+    A: coll::AlgoFamily,
+    Fut: Future<Output = Result<()>>,
+{
     let group = op.group();
     let choice = match group.adapt_choose(&ticket).await {
         Ok(c) => c,
         Err(e) => return op.start(None).finish(Err(e)),
     };
-    let algo = choice.algo;
-    let ctx = op.start(Some(coll::allreduce_signature::<E>(buf.len(), reduce, algo)));
-    let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %reduce, algo = algo.name());
+    let ctx = op.start(Some(sig(choice.algo)));
     let start = std::time::Instant::now();
-    coll::allreduce(ctx, buf, reduce, algo).instrument(span).await?;
+    run(ctx, choice.algo).await?;
     group.adapt_record(&ticket, &choice, start.elapsed());
     Ok(())
+}
+
+/// [`adaptive`] for an allreduce.
+async fn adaptive_all_reduce<T: LocalTransport, E: Element>(
+    op: coll::Unstarted<'_, T>,
+    ticket: coll::AdaptTicket<coll::AllreduceAlgo>,
+    buf: &mut [E],
+    reduce: ReduceOp,
+) -> Result<()> {
+    let count = buf.len();
+    adaptive(op, ticket, |algo| coll::allreduce_signature::<E>(count, reduce, algo), |ctx, algo| {
+        let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count, dtype = %E::DTYPE, op = %reduce, algo = algo.name());
+        coll::allreduce(ctx, buf, reduce, algo).instrument(span)
+    })
+    .await
 }
 
 /// A collective numbered at its call but not started yet. Dropped unstarted, it

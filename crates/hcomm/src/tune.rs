@@ -182,9 +182,10 @@ impl<T: LocalTransport> Communicator<T> {
     /// see [`TuneOptions::primed`]); an algorithm's time is the median over rounds of
     /// the slowest rank's, so every rank decides alike. Passes after the
     /// first time only the contenders (see [`TuneOptions::passes`]). The table also
-    /// keeps the allreduce's alternatives within 1.5x of the first pass's best at
-    /// each size, which the adaptive selection keeps timing while the job runs
-    /// ([`hcomm_collectives::adapt`], `HCOMM_ADAPT`). Collective.
+    /// keeps the allreduce's, allgather's and reduce-scatter's alternatives within
+    /// 1.5x of the first pass's best at each size, which the adaptive selection keeps
+    /// timing while the job runs ([`hcomm_collectives::adapt`], `HCOMM_ADAPT`).
+    /// Collective.
     ///
     /// Takes 16-17 s for 16 MiB on 4 ranks sharing 2 processors over loopback TCP
     /// (primed; 10 s unprimed); the table is for this
@@ -257,14 +258,16 @@ impl<T: LocalTransport> Communicator<T> {
                 .await?;
             }
         }
-        let allreduce = ar.table(passes);
+        let (allreduce, allgather, reduce_scatter) = (ar.table(passes), ag.table(passes), rs.table(passes));
         let m = Measured {
             ranks: n,
             allreduce_alternatives: ar.alternatives(&allreduce),
             allreduce,
             broadcast: bc.table(passes),
-            allgather: ag.table(passes),
-            reduce_scatter: rs.table(passes),
+            allgather_alternatives: ag.alternatives(&allgather),
+            allgather,
+            reduce_scatter_alternatives: rs.alternatives(&reduce_scatter),
+            reduce_scatter,
             alltoall: aa.table(passes),
         };
         self.set_measured(m.clone());

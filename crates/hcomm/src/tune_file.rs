@@ -16,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::Communicator;
 
 /// Version of the file's layout: 2 added the allreduce's alternatives
-/// (`allreduce_alternatives`); format 1 files are read too, without them.
-const FORMAT: u32 = 2;
+/// (`allreduce_alternatives`), 3 the allgather's and the reduce-scatter's. Files of
+/// formats 1 and 2 are read too, without the alternatives they lack.
+const FORMAT: u32 = 3;
 
 /// Largest tuning file read (a table of every family at sizes up to 2^62 holds a few
 /// kilobytes): anything larger is not one.
@@ -56,7 +57,12 @@ struct File {
     allreduce_alternatives: Vec<(usize, Vec<String>)>,
     broadcast: Vec<(usize, String)>,
     allgather: Vec<(usize, String)>,
+    /// As `allreduce_alternatives` (absent before format 3).
+    #[serde(default)]
+    allgather_alternatives: Vec<(usize, Vec<String>)>,
     reduce_scatter: Vec<(usize, String)>,
+    #[serde(default)]
+    reduce_scatter_alternatives: Vec<(usize, Vec<String>)>,
     alltoall: Vec<(usize, String)>,
 }
 
@@ -92,9 +98,17 @@ fn algos<A: std::str::FromStr<Err = Error>>(family: &str, table: &[(usize, Strin
     by_size(family, table, |name| name.parse())
 }
 
-/// The allreduce's alternatives as the file names them.
-fn alternatives(table: &[(usize, Vec<String>)]) -> Result<Vec<(usize, Vec<AllreduceAlgo>)>> {
-    by_size("allreduce_alternatives", table, |names| names.iter().map(|n| n.parse()).collect())
+/// A family's alternatives as the file names them.
+fn alternatives<A: std::str::FromStr<Err = Error>>(
+    family: &str,
+    table: &[(usize, Vec<String>)],
+) -> Result<Vec<(usize, Vec<A>)>> {
+    by_size(family, table, |names| names.iter().map(|n| n.parse()).collect())
+}
+
+/// A family's alternatives by name, for the file.
+fn alternative_names<A: std::fmt::Display>(table: &[(usize, Vec<A>)]) -> Vec<(usize, Vec<String>)> {
+    table.iter().map(|(b, algos)| (*b, algos.iter().map(ToString::to_string).collect())).collect()
 }
 
 fn shape_of<T: LocalTransport>(comm: &Communicator<T>) -> Shape {
@@ -112,14 +126,12 @@ fn encode(shape: Shape, m: &Measured) -> String {
         format: FORMAT,
         job: shape,
         allreduce: names(&m.allreduce),
-        allreduce_alternatives: m
-            .allreduce_alternatives
-            .iter()
-            .map(|(b, algos)| (*b, algos.iter().map(ToString::to_string).collect()))
-            .collect(),
+        allreduce_alternatives: alternative_names(&m.allreduce_alternatives),
         broadcast: names(&m.broadcast),
         allgather: names(&m.allgather),
+        allgather_alternatives: alternative_names(&m.allgather_alternatives),
         reduce_scatter: names(&m.reduce_scatter),
+        reduce_scatter_alternatives: alternative_names(&m.reduce_scatter_alternatives),
         alltoall: names(&m.alltoall),
     };
     serde_json::to_string_pretty(&f).expect("a table serializes")
@@ -128,8 +140,8 @@ fn encode(shape: Shape, m: &Measured) -> String {
 /// The file's `bytes`, read for a job of `shape`.
 fn decode(bytes: &[u8], shape: &Shape) -> Result<Loaded> {
     let f: File = serde_json::from_slice(bytes).map_err(|e| Error::config(format!("not a tuning table: {e}")))?;
-    if f.format != FORMAT && f.format != 1 {
-        return Err(Error::config(format!("tuning table format {}, this build reads 1 and {FORMAT}", f.format)));
+    if !(1..=FORMAT).contains(&f.format) {
+        return Err(Error::config(format!("tuning table format {}, this build reads 1 to {FORMAT}", f.format)));
     }
     if f.job.ranks != f.job.host_of.len() {
         return Err(Error::config(format!("{} ranks but {} hosts of ranks", f.job.ranks, f.job.host_of.len())));
@@ -140,10 +152,15 @@ fn decode(bytes: &[u8], shape: &Shape) -> Result<Loaded> {
     Ok(Loaded::Table(Measured {
         ranks: f.job.ranks,
         allreduce: algos::<AllreduceAlgo>("allreduce", &f.allreduce)?,
-        allreduce_alternatives: alternatives(&f.allreduce_alternatives)?,
+        allreduce_alternatives: alternatives::<AllreduceAlgo>("allreduce_alternatives", &f.allreduce_alternatives)?,
         broadcast: algos::<BcastAlgo>("broadcast", &f.broadcast)?,
         allgather: algos::<AllgatherAlgo>("allgather", &f.allgather)?,
+        allgather_alternatives: alternatives::<AllgatherAlgo>("allgather_alternatives", &f.allgather_alternatives)?,
         reduce_scatter: algos::<ReduceScatterAlgo>("reduce_scatter", &f.reduce_scatter)?,
+        reduce_scatter_alternatives: alternatives::<ReduceScatterAlgo>(
+            "reduce_scatter_alternatives",
+            &f.reduce_scatter_alternatives,
+        )?,
         alltoall: algos::<AlltoallAlgo>("alltoall", &f.alltoall)?,
     }))
 }
@@ -266,8 +283,10 @@ mod tests {
             ],
             allreduce_alternatives: vec![(1 << 20, vec![AllreduceAlgo::Tree, AllreduceAlgo::Rabenseifner])],
             broadcast: vec![(8, BcastAlgo::Binomial), (1 << 20, BcastAlgo::Chain)],
-            allgather: vec![(8, AllgatherAlgo::Bruck)],
+            allgather: vec![(8, AllgatherAlgo::Bruck), (8192, AllgatherAlgo::Ring)],
+            allgather_alternatives: vec![(8192, vec![AllgatherAlgo::RecursiveDoubling])],
             reduce_scatter: vec![(8, ReduceScatterAlgo::RecursiveHalving)],
+            reduce_scatter_alternatives: vec![(8, vec![ReduceScatterAlgo::Ring])],
             alltoall: vec![(8, AlltoallAlgo::Pairwise)],
         }
     }
@@ -283,13 +302,22 @@ mod tests {
             Loaded::Table(m) => assert_eq!(m, table()),
             other => panic!("{other:?}"),
         }
-        // A file written before the alternatives were kept (format 1) loads without
-        // them.
+        // A file written before the other families' alternatives were kept (format
+        // 2) loads without them, and one from before any (format 1) without any.
         let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("allgather_alternatives").unwrap();
+        old.as_object_mut().unwrap().remove("reduce_scatter_alternatives").unwrap();
+        old["format"] = 2.into();
+        let format2 =
+            Measured { allgather_alternatives: Vec::new(), reduce_scatter_alternatives: Vec::new(), ..table() };
+        match decode(old.to_string().as_bytes(), &shape()).unwrap() {
+            Loaded::Table(m) => assert_eq!(m, format2),
+            other => panic!("{other:?}"),
+        }
         old.as_object_mut().unwrap().remove("allreduce_alternatives").unwrap();
         old["format"] = 1.into();
         match decode(old.to_string().as_bytes(), &shape()).unwrap() {
-            Loaded::Table(m) => assert_eq!(m, Measured { allreduce_alternatives: Vec::new(), ..table() }),
+            Loaded::Table(m) => assert_eq!(m, Measured { allreduce_alternatives: Vec::new(), ..format2 }),
             other => panic!("{other:?}"),
         }
     }
@@ -316,10 +344,10 @@ mod tests {
             String::new(),
             "{}".into(),
             "not json".into(),
-            good.replace("\"format\": 2", "\"format\": 3"),
+            good.replace("\"format\": 3", "\"format\": 4"),
             good.replace("\"ring\"", "\"spiral\""),
             good.replace("\"tree\"", "\"spiral\""),
-            good.replace("\"format\": 2", "\"format\": 2, \"extra\": 3"),
+            good.replace("\"format\": 3", "\"format\": 3, \"extra\": 3"),
             good.replace("65536", "1048577"),
             good.replace("\"ranks\": 4", "\"ranks\": 3"),
         ];

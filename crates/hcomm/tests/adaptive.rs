@@ -1,7 +1,7 @@
-//! The adaptive allreduce selection (`hcomm_collectives::adapt`) on real
-//! allreduces over the in-process transport: results against the sequential
-//! reference while the ranks time and switch algorithms, calls in flight at once,
-//! owned and borrowed calls mixed across ranks, and dropped calls.
+//! The adaptive selection (`hcomm_collectives::adapt`) on real allreduces,
+//! allgathers and reduce-scatters over the in-process transport: results against
+//! the sequential reference while the ranks time and switch algorithms, calls in
+//! flight at once, owned and borrowed calls mixed across ranks, and dropped calls.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use futures::future::join_all;
-use hcomm::{AllreduceAlgo, Communicator, ErrorKind, ReduceOp};
+use hcomm::{AllgatherAlgo, AllreduceAlgo, Communicator, ErrorKind, ReduceOp, ReduceScatterAlgo};
 use hcomm_collectives::adapt::WINDOW;
 
 /// Element counts of f32 in the 64 KiB class: the class's size, primes, and sizes
@@ -39,6 +39,40 @@ async fn results_match_the_reference_while_the_selection_times_and_switches() {
             "n={n}: {:?}",
             algos[0]
         );
+    }
+}
+
+/// Element counts of 4-byte blocks in the 16 KiB class of the allgather and the
+/// reduce-scatter (4 KiB blocks and more adapt): the class's size, primes, and
+/// sizes not divisible by the rank counts here.
+const COUNTS_16K: [usize; 5] = [4096, 4099, 1031, 3001 * 2 + 1, 9_973];
+
+/// Allgathers and reduce-scatters (equal blocks, and per-rank counts, which the
+/// table alone decides) of the 16 KiB class, between allreduces of theirs, on 1-16
+/// ranks: every result against the reference while each family times its
+/// alternatives and switches on its own, and every rank ends on the same algorithms.
+#[tokio::test(flavor = "current_thread")]
+async fn allgathers_and_reduce_scatters_adapt_alike() {
+    for n in [1, 2, 3, 5, 16] {
+        let mut comms = hcomm::local(n);
+        contested(&mut comms);
+        for k in 0..(3 * WINDOW as usize + 3) {
+            let count = COUNTS_16K[k % COUNTS_16K.len()];
+            let seed = (n * 1000 + k) as u64;
+            colls::all_gather::<_, f32>(&comms, count, None, seed).await;
+            match k % 3 {
+                0 => colls::reduce_scatter::<_, f32>(&comms, count, ReduceOp::Sum, None, seed).await,
+                1 => colls::reduce_scatter::<_, f64>(&comms, count / 2, ReduceOp::Avg, None, seed).await,
+                _ => colls::reduce_scatter::<_, i32>(&comms, count, ReduceOp::Max, None, seed).await,
+            }
+            if k % 4 == 0 {
+                check_allreduce::<_, f32>(&comms, COUNTS_64K[k % COUNTS_64K.len()], ReduceOp::Sum, seed).await;
+            }
+        }
+        let ag: Vec<AllgatherAlgo> = comms.iter().map(|c| c.algo_for(16 << 10, false)).collect();
+        let rs: Vec<ReduceScatterAlgo> = comms.iter().map(|c| c.algo_for(16 << 10, true)).collect();
+        assert!(ag.iter().all(|a| *a == ag[0]), "n={n}: allgather incumbents differ: {ag:?}");
+        assert!(rs.iter().all(|a| *a == rs[0]), "n={n}: reduce-scatter incumbents differ: {rs:?}");
     }
 }
 
@@ -147,6 +181,43 @@ async fn owned_and_borrowed_calls_line_up() {
         }
         check_against_reference(&inputs, ReduceOp::Sum, &got, &format!("call {k}"));
         assert!(bufs.iter().all(|b| *b == got), "call {k}: ranks differ");
+    }
+}
+
+/// An allgather of the contested class dropped on one rank, unpolled and polled,
+/// at a window's first call and elsewhere: that call fails on the others, and every
+/// later one runs and is right.
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_allgathers_fail_alone() {
+    let n = 3;
+    let mut comms = hcomm::local(n);
+    contested(&mut comms);
+    let w = WINDOW as usize;
+    let drops = [(w, false), (w + 5, true), (2 * w, true)];
+    for k in 0..(3 * w + 2) {
+        let count = COUNTS_16K[k % COUNTS_16K.len()];
+        let Some(&(_, polled)) = drops.iter().find(|(at, _)| *at == k) else {
+            colls::all_gather::<_, f32>(&comms, count, None, k as u64).await;
+            continue;
+        };
+        let ins = inputs::<f32>(n, count, ReduceOp::Sum, k as u64);
+        let mut outs = vec![vec![0f32; n * count]; n];
+        let (first, rest) = outs.split_first_mut().unwrap();
+        let mut dropped = Box::pin(comms[1].all_gather(&ins[1], first));
+        if polled {
+            assert!(futures::poll!(dropped.as_mut()).is_pending());
+        }
+        let others = join_all(
+            [(&comms[0], &ins[0]), (&comms[2], &ins[2])]
+                .into_iter()
+                .zip(rest.iter_mut())
+                .map(|((c, i), o)| c.all_gather(i, o)),
+        );
+        drop(dropped);
+        for r in others.await {
+            let e = r.expect_err("the dropped call fails elsewhere");
+            assert_eq!(e.kind(), ErrorKind::Aborted, "call {k}: {e}");
+        }
     }
 }
 

@@ -114,13 +114,16 @@ pub async fn gather_scatter<T: LocalTransport, E: TestElem>(
     assert!(vgot == vins, "scatterv n={n} counts={counts:?} root={root}");
 }
 
+/// Reduce-scatters of equal blocks of `count` and of random counts up to it, by
+/// `algo` (`None`: the automatic choice).
 pub async fn reduce_scatter<T: LocalTransport, E: TestElem>(
     comms: &[Communicator<T>],
     count: usize,
     op: ReduceOp,
-    algo: hcomm::ReduceScatterAlgo,
+    algo: impl Into<Option<hcomm::ReduceScatterAlgo>>,
     seed: u64,
 ) {
+    let algo = algo.into();
     let n = comms.len();
     for counts in [vec![count; n], random_counts(n, count, seed)] {
         let off = offsets(&counts);
@@ -129,10 +132,11 @@ pub async fn reduce_scatter<T: LocalTransport, E: TestElem>(
         let equal = counts.iter().all(|&c| c == count);
         let counts = &counts;
         let res = join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| async move {
-            if equal {
-                c.reduce_scatter_with(i, o, op, algo).await
-            } else {
-                c.reduce_scatter_v_with(i, o, counts, op, algo).await
+            match (equal, algo) {
+                (true, Some(a)) => c.reduce_scatter_with(i, o, op, a).await,
+                (true, None) => c.reduce_scatter(i, o, op).await,
+                (false, Some(a)) => c.reduce_scatter_v_with(i, o, counts, op, a).await,
+                (false, None) => c.reduce_scatter_v(i, o, counts, op).await,
             }
         }))
         .await;
@@ -143,7 +147,7 @@ pub async fn reduce_scatter<T: LocalTransport, E: TestElem>(
                 &block,
                 op,
                 &outs[r],
-                &format!("reduce_scatter {algo} n={n} counts={counts:?} {} {op} rank {r}", E::DTYPE),
+                &format!("reduce_scatter {algo:?} n={n} counts={counts:?} {} {op} rank {r}", E::DTYPE),
             );
         }
     }
@@ -246,18 +250,25 @@ pub async fn scans<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], co
     }
 }
 
+/// An allgather of `count` per rank by `algo` (`None`: the automatic choice).
 pub async fn all_gather<T: LocalTransport, E: TestElem>(
     comms: &[Communicator<T>],
     count: usize,
-    algo: hcomm::AllgatherAlgo,
+    algo: impl Into<Option<hcomm::AllgatherAlgo>>,
     seed: u64,
 ) {
+    let algo = algo.into();
     let n = comms.len();
     let ins = inputs::<E>(n, count, ReduceOp::Sum, seed);
     let want: Vec<E> = ins.concat();
     let mut outs: Vec<Vec<E>> = (0..n).map(|_| want.iter().rev().copied().collect()).collect();
-    for res in
-        join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_gather_with(i, o, algo))).await
+    for res in join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| async move {
+        match algo {
+            Some(a) => c.all_gather_with(i, o, a).await,
+            None => c.all_gather(i, o).await,
+        }
+    }))
+    .await
     {
         res.unwrap();
     }

@@ -3,7 +3,10 @@
 #![allow(dead_code)]
 
 use futures::future::join_all;
-use hcomm::{AllreduceAlgo, Communicator, DType, Element, LocalTransport, Measured, ReduceOp, bf16, f16};
+use hcomm::{
+    AllgatherAlgo, AllreduceAlgo, Communicator, DType, Element, LocalTransport, Measured, ReduceOp, ReduceScatterAlgo,
+    bf16, f16,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -394,7 +397,9 @@ pub fn free_port() -> u16 {
 }
 
 /// A table whose allreduce has alternatives at 64 KiB (Rabenseifner's, then the
-/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), as
+/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), and whose
+/// allgather and reduce-scatter have some at 16 KiB blocks (the ring, then
+/// recursive doubling and Bruck's; recursive halving, then the ring), as
 /// `Communicator::tune` leaves one.
 pub fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
     let n = comms.len();
@@ -411,6 +416,10 @@ pub fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
                 (64 << 10, vec![AllreduceAlgo::Tree, AllreduceAlgo::Ring]),
                 (1 << 20, vec![AllreduceAlgo::RecursiveDoubling]),
             ],
+            allgather: vec![(8, AllgatherAlgo::Bruck), (16 << 10, AllgatherAlgo::Ring)],
+            allgather_alternatives: vec![(16 << 10, vec![AllgatherAlgo::RecursiveDoubling, AllgatherAlgo::Bruck])],
+            reduce_scatter: vec![(8, ReduceScatterAlgo::Ring), (16 << 10, ReduceScatterAlgo::RecursiveHalving)],
+            reduce_scatter_alternatives: vec![(16 << 10, vec![ReduceScatterAlgo::Ring])],
             ..Measured::default()
         };
         c.set_tuning(t);
