@@ -14,10 +14,10 @@
 //! theirs), counted in call order on every rank alike:
 //! - The calls go in windows of [`WINDOW`]. In each, the last two may run one of the
 //!   candidates that is not the window's incumbent, the others run the incumbent
-//!   (which, and how often: [`NEAR`], [`FAR_EVERY`]). A call's time is kept (per rank, the last
-//!   [`SAMPLES`] per algorithm, scaled to the class's size) only if the call before
-//!   it ran the same algorithm: the first call after a switch of pattern pays for it
-//!   on crowded ranks.
+//!   (which, and how often: [`NEAR`], [`FAR_EVERY`]). Only the times of a window's
+//!   last call and third last are kept (per rank, the last [`SAMPLES`] per algorithm,
+//!   scaled to the class's size), and only if the call before ran the same algorithm
+//!   (see [`Class::kept`]), so the incumbent and the alternatives are timed alike.
 //! - At the first call of each window from the second on, every rank sends its
 //!   medians to every other rank (one number per candidate, posted lazily at the call:
 //!   nothing waits for them), an *agreement*. Its result, the slowest rank's median
@@ -154,8 +154,14 @@ pub const ADAPT_MIN_BYTES: usize = 64 << 10;
 pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 
 /// Timings kept per rank and algorithm in a class: the median of these is what the
-/// rank sends. An alternative gets one per window it is timed in.
+/// rank sends. An alternative gets one per window it is timed in, the incumbent one
+/// or two.
 pub const SAMPLES: usize = 5;
+
+/// Timings an algorithm needs before its median is sent: with fewer, the others
+/// read it as not timed (and time it again if it is near). Calls of 50-100 µs vary
+/// by 30% and more on crowded ranks, and one lucky timing switched the selection.
+pub const MIN_SAMPLES: usize = 3;
 
 /// The most algorithms a class weighs: every allreduce the selection chooses from
 /// (the other families have fewer).
@@ -348,13 +354,13 @@ impl Class {
         self.samples.len()
     }
 
-    /// This rank's median per slot (0 where none is kept).
+    /// This rank's median per slot (0 where fewer than [`MIN_SAMPLES`] are kept).
     fn medians(&self) -> Times {
         let mut out = [0; MAX_CANDIDATES];
         for (m, s) in out.iter_mut().zip(&self.samples) {
             let mut v: Vec<u64> = s.iter().copied().collect();
             v.sort_unstable();
-            *m = v.get(v.len() / 2).copied().unwrap_or(0);
+            *m = if v.len() < MIN_SAMPLES { 0 } else { v[v.len() / 2] };
         }
         out
     }
@@ -395,6 +401,21 @@ impl Class {
             }
         }
         Ok(())
+    }
+
+    /// Whether the time of call `call` (its window decided) is kept: the window's
+    /// last call and its third last, each if the call before ran the same
+    /// algorithm. So the alternative's time is that of its second call in a row,
+    /// and the incumbent's of calls placed alike. Keeping every call of the
+    /// incumbent's biased the comparison wherever other work ran between a class's
+    /// calls: in `algo_sweep`, whose rounds run the automatic choice twice between
+    /// other algorithms, the incumbent's times included the first of each pair,
+    /// slowed by the work before, and each alternative looked 15-30% faster than
+    /// as the incumbent, so that allgathers of 4-16 KiB blocks switched back and
+    /// forth every few windows.
+    fn kept(&self, call: u64) -> bool {
+        let offset = call % WINDOW;
+        (offset == WINDOW - 1 || offset == WINDOW - 3) && self.slot(call - 1) == self.slot(call)
     }
 
     /// The slot call `call` runs, once its window is decided.
@@ -459,7 +480,7 @@ impl Adapt {
                 match c.decide(t.call / WINDOW, &t.class) {
                     Ok(()) => {
                         let slot = c.slot(t.call);
-                        let keep = t.call > 0 && c.slot(t.call - 1) == slot;
+                        let keep = c.kept(t.call);
                         return Ok(AdaptChoice { algo: t.class.algos[slot], slot, keep });
                     }
                     Err(Step::Failed(e)) => return Err(e),
@@ -648,12 +669,13 @@ mod tests {
     }
 
     #[test]
-    fn two_calls_per_window_time_the_alternative_and_first_calls_after_a_switch_are_not_kept() {
+    fn two_calls_per_window_time_the_alternative_and_calls_placed_alike_are_kept() {
         let mut c = Class::new(2);
         // Windows 0 and 1 as at the start; window 2 switched to slot 1, with slot 0
-        // near.
+        // near; window 3 times nothing.
         let w2 = Plan::new(2, 1, Some(&[110, 100]), 2, None);
-        c.decided = vec![Plan::new(0, 0, None, 2, None), Plan::new(1, 0, None, 2, None), w2];
+        let w3 = Plan { incumbent: 1, explore: Plan::NONE };
+        c.decided = vec![Plan::new(0, 0, None, 2, None), Plan::new(1, 0, None, 2, None), w2, w3];
         let slots: Vec<usize> = (0..3 * WINDOW).map(|k| c.slot(k)).collect();
         for w in 0..3 {
             let inc = usize::from(c.decided[w as usize].incumbent);
@@ -662,12 +684,14 @@ mod tests {
                 assert_eq!(slots[(w * WINDOW + o) as usize], want, "window {w} offset {o}");
             }
         }
-        // Kept: a call after one of the same slot.
-        let kept = (1..3 * WINDOW).filter(|&k| c.slot(k) == c.slot(k - 1)).count();
-        // Windows 0 and 1: 13 of the incumbent after the first, 1 alternative; window 2
-        // (incumbent 1, whose first call follows window 1's alternative, also 1): 14
-        // of the incumbent, then 1 of the alternative (0).
-        assert_eq!(kept, 13 + 1 + 13 + 1 + 14 + 1);
+        assert!((3 * WINDOW..4 * WINDOW).all(|k| c.slot(k) == 1));
+        // Kept: the third last call of each window (the incumbent's) and the last
+        // (the alternative's, or the incumbent's where none is timed).
+        let w = WINDOW;
+        let kept: Vec<(u64, usize)> = (1..4 * w).filter(|&k| c.kept(k)).map(|k| (k, c.slot(k))).collect();
+        let want = [(w - 3, 0), (w - 1, 1), (2 * w - 3, 0), (2 * w - 1, 1), (3 * w - 3, 1), (3 * w - 1, 0)];
+        assert_eq!(kept[..6], want);
+        assert_eq!(kept[6..], [(4 * w - 3, 1), (4 * w - 1, 1)]);
     }
 
     #[test]
@@ -696,12 +720,14 @@ mod tests {
     }
 
     #[test]
-    fn medians_are_per_slot_and_zero_without_timings() {
+    fn medians_are_per_slot_and_zero_without_enough_timings() {
         let mut c = Class::new(2);
         c.samples[0].extend([5, 1, 9]);
         assert_eq!(c.medians(), [5, 0, 0, 0, 0]);
         c.samples[1].extend([4, 8]);
-        assert_eq!(c.medians(), [5, 8, 0, 0, 0]);
+        assert_eq!(c.medians(), [5, 0, 0, 0, 0], "two timings are not enough");
+        c.samples[1].push_back(6);
+        assert_eq!(c.medians(), [5, 6, 0, 0, 0]);
     }
 
     #[test]
@@ -761,7 +787,7 @@ mod tests {
         let gs = groups(3, Duration::from_secs(10));
         // The table's choice is faster on ranks 1 and 2 but not on rank 0: by the
         // slowest rank's times (3 ms against 2), the runner-up leads.
-        let ran = drive(&gs, 4 * WINDOW, |r, a| {
+        let ran = drive(&gs, 7 * WINDOW, |r, a| {
             if a == SECOND {
                 ms(2)
             } else if r == 0 {
@@ -771,12 +797,15 @@ mod tests {
             }
         })
         .await;
-        // From window 2 on, the table's choice, 1.5x behind, is far: not timed in
-        // windows 2 and 3.
+        // Windows 0, 1 and 3 time the runner-up, one timing each (its third, in
+        // window 3, is sent at window 4, which decides window 5); windows 2 and 4
+        // do not, as the agreement before them lacks the timing the window before
+        // took. From window 5 on, the table's choice, 1.5x behind, is far: not timed.
         let w = WINDOW as usize;
         for (k, a) in ran.iter().enumerate() {
             let (window, offset) = (k / w, k % w);
-            let want = if window >= 2 || offset >= w - 2 { SECOND } else { FIRST };
+            let timed = matches!(window, 0 | 1 | 3) && offset >= w - 2;
+            let want = if window >= 5 || timed { SECOND } else { FIRST };
             assert_eq!(*a, want, "call {k}");
         }
         assert!(gs.iter().all(|g| g.algo_now::<AllreduceAlgo>(CLASS, true) == SECOND));
@@ -790,8 +819,10 @@ mod tests {
     async fn the_selection_switches_back_and_ignores_small_leads() {
         let gs = groups(2, Duration::from_secs(10));
         // Ahead by 2% only: no switch.
-        let ran = drive(&gs, 4 * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
-        assert!(ran.iter().enumerate().all(|(k, a)| (*a == FIRST) == (k as u64 % WINDOW < WINDOW - 2)));
+        let ran = drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
+        // Timed in every window but 2 and 4 (see the test above), never taken.
+        let timed = |k: u64| k % WINDOW >= WINDOW - 2 && !matches!(k / WINDOW, 2 | 4);
+        assert!(ran.iter().zip(0..).all(|(a, k)| (*a == SECOND) == timed(k)), "{ran:?}");
         // The runner-up clearly ahead, then clearly behind again.
         drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
         assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), SECOND);
@@ -804,7 +835,7 @@ mod tests {
     async fn a_third_candidate_is_timed_in_turn_and_taken_when_fastest() {
         let third = AllreduceAlgo::Rabenseifner;
         let gs = groups_with(2, Duration::from_secs(10), &[SECOND, third]);
-        let ran = drive(&gs, 6 * WINDOW, |_, a| {
+        let ran = drive(&gs, 9 * WINDOW, |_, a| {
             if a == third {
                 ms(1)
             } else if a == SECOND {
@@ -814,14 +845,18 @@ mod tests {
             }
         })
         .await;
-        // Window 0 times the second, window 1 the third; the agreement made at
-        // window 1 has only the second's time and the table's choice keeps window 2;
-        // the one made at window 2 has the third's, which takes window 3 on.
+        // Window 0 times the second, window 1 the third, and then each in turn
+        // until every one has three timings: the second's third comes in window 4
+        // (far from then on: not timed in window 6), the third's in window 5, sent
+        // at window 6, which decides window 7.
         let w = WINDOW as usize;
-        assert_eq!(ran[w - 1], SECOND);
-        assert_eq!(ran[2 * w - 1], third);
-        assert_eq!(ran[2 * w], FIRST);
-        assert_eq!(ran[3 * w], third);
+        let alt = |window: usize| ran[window * w + w - 1];
+        assert_eq!(
+            [alt(0), alt(1), alt(2), alt(3), alt(4), alt(5), alt(6)],
+            [SECOND, third, SECOND, third, SECOND, third, FIRST]
+        );
+        assert!(ran[..7 * w - 2].iter().step_by(w).all(|a| *a == FIRST));
+        assert!(ran[7 * w..7 * w + w - 2].iter().all(|a| *a == third));
         assert_eq!(gs[1].algo_now::<AllreduceAlgo>(CLASS, true), third);
     }
 
