@@ -18,16 +18,17 @@
 //!   last call and third last are kept (per rank, the last [`SAMPLES`] per algorithm,
 //!   scaled to the class's size), and only if the call before ran the same algorithm
 //!   (see [`Class::kept`]), so the incumbent and the alternatives are timed alike.
-//! - At the first call of each window from the second on, every rank sends its
-//!   medians to every other rank (one number per candidate, posted lazily at the call:
-//!   nothing waits for them), an *agreement*. Its result, the slowest rank's median
-//!   per algorithm, is the same on every rank.
-//! - The incumbent of window `w` (from 2 on) is that of `w - 1`, unless the
-//!   agreement made at window `w - 1` has another candidate [`SWITCH`] times faster
-//!   (then the fastest). Windows 0 and 1 take the table's choice.
+//! - The windows go in epochs of [`EPOCH`]. At the first call of each epoch from the
+//!   second on, every rank sends its medians to every other rank (one number per
+//!   candidate, posted lazily at the call: nothing waits for them), an *agreement*.
+//!   Its result, the slowest rank's median per algorithm, is the same on every rank.
+//! - The incumbent of epoch `e` (from 2 on) is that of `e - 1`, unless the
+//!   agreement made at epoch `e - 1`'s start has another candidate [`SWITCH`] times
+//!   faster (then the fastest). Epochs 0 and 1 take the table's choice. The same
+//!   agreement tells which alternatives epoch `e`'s windows time.
 //!
 //! So every rank runs the same algorithm at the same call without any rank waiting
-//! for a decision: a call of window `w` needs the agreement made a whole window
+//! for a decision: a call of epoch `e` needs the agreement made a whole epoch
 //! before, whose messages left with the ranks' next writes after that call. Cancel safety: the
 //! agreements' messages are posted, and their receives held, by the communicator,
 //! not by a call's future, so dropping a call loses nothing another call needs.
@@ -142,9 +143,19 @@ impl AlgoFamily for ReduceScatterAlgo {
     }
 }
 
-/// Calls of a class per window: the last two may time an alternative, and the first
-/// posts this rank's timings (8 bytes per candidate) to every other rank.
+/// Calls of a class per window: the last two may time an alternative.
 pub const WINDOW: u64 = 16;
+
+/// Windows per epoch: the first call of an epoch posts this rank's timings (8 bytes
+/// per candidate) to every other rank, for the epoch after it. Posted lazily, they
+/// leave with the next data to that peer or after the transport's delay: 1.3-2 ms
+/// over TCP for a peer the algorithm in use does not send to (tokio's timer rounds
+/// the delay up to its tick). One window of 4 KiB-block allgathers on 4 ranks took
+/// 0.5 ms, and with agreements a window apart, its calls waited for them: 2.6x the
+/// time. Sent at once, one per window, they cost 15-20% of that time (a system call
+/// and a wake-up at the peer for each, on 2 crowded processors). An epoch of 128
+/// calls lasts 4 ms there.
+pub const EPOCH: u64 = 8;
 
 /// The smallest allreduce (bytes) the selection adapts.
 pub const ADAPT_MIN_BYTES: usize = 64 << 10;
@@ -193,19 +204,15 @@ struct Plan {
 impl Plan {
     const NONE: u8 = u8::MAX;
 
-    /// Window `w`'s plan, from its incumbent, the times agreed before it (`None` in
-    /// windows 0 and 1, which time the others in turn by slot) and the window
-    /// before's plan. An alternative not timed yet is near, unless the window
-    /// before timed it: that timing comes in the next agreement.
-    fn new(w: u64, incumbent: usize, times: Option<&[u64]>, k: usize, before: Option<Plan>) -> Plan {
+    /// Window `w`'s plan, from its incumbent and the times agreed before it (`None`
+    /// in epochs 0 and 1, which time the others in turn by slot). An alternative
+    /// not timed yet is near.
+    fn new(w: u64, incumbent: usize, times: Option<&[u64]>, k: usize) -> Plan {
         let others = (0..k).filter(|&j| j != incumbent);
         let explore = match times {
             None => others.clone().nth((w % (k as u64 - 1)) as usize),
             Some(t) => {
-                let just = before.map(|p| usize::from(p.explore));
-                let near = |j: usize| {
-                    (t[j] == 0 && just != Some(j)) || (t[j] > 0 && t[j] as f64 <= t[incumbent] as f64 * NEAR)
-                };
+                let near = |j: usize| t[j] == 0 || t[j] as f64 <= t[incumbent] as f64 * NEAR;
                 let far = |j: usize| t[j] > 0 && t[j] as f64 > t[incumbent] as f64 * NEAR;
                 let near: Vec<usize> = others.clone().filter(|&j| near(j)).collect();
                 let far: Vec<usize> = others.filter(|&j| far(j)).collect();
@@ -336,9 +343,10 @@ struct Class {
     samples: Vec<VecDeque<u64>>,
     /// The plan of each window decided so far (two bytes per window: 16 calls).
     decided: Vec<Plan>,
-    /// The agreements not yet used, made at windows `first_agreement` on.
+    /// The agreements not yet used, oldest first (one per epoch from the second).
     agreements: VecDeque<Agreement>,
-    first_agreement: u64,
+    /// The times the epoch of the last window decided was decided by.
+    agreed: Times,
 }
 
 impl Class {
@@ -348,7 +356,7 @@ impl Class {
             samples: vec![VecDeque::new(); k],
             decided: Vec::new(),
             agreements: VecDeque::new(),
-            first_agreement: 1,
+            agreed: [0; MAX_CANDIDATES],
         }
     }
 
@@ -373,17 +381,23 @@ impl Class {
     fn decide<A: AlgoFamily>(&mut self, w: u64, class: &Contest<A>) -> std::result::Result<(), Step> {
         while self.decided.len() as u64 <= w {
             let v = self.decided.len() as u64;
-            let before = self.decided.last().copied();
-            let Some(prev) = before.map(|p| usize::from(p.incumbent)).filter(|_| v >= 2) else {
-                self.decided.push(Plan::new(v, 0, None, self.k(), before));
+            let k = self.k();
+            let Some(prev) = self.decided.last().map(|p| usize::from(p.incumbent)).filter(|_| v >= 2 * EPOCH) else {
+                self.decided.push(Plan::new(v, 0, None, k));
                 continue;
             };
-            let a = &self.agreements[(v - 1 - self.first_agreement) as usize];
+            if v % EPOCH != 0 {
+                self.decided.push(Plan::new(v, prev, Some(&self.agreed[..k]), k));
+                continue;
+            }
+            // The agreement made at the epoch before's start: ticketed before any
+            // call of this epoch.
+            let a = self.agreements.front().expect("an epoch's agreement is made before the next epoch");
             match a.peek() {
                 None => return Err(Step::Wait(a.clone())),
                 Some(Err(e)) => return Err(Step::Failed(e.clone())),
                 Some(Ok(times)) => {
-                    let next = incumbent(prev, &times[..self.k()]);
+                    let next = incumbent(prev, &times[..k]);
                     if next != prev {
                         tracing::debug!(
                             target: "hcomm::adapt",
@@ -393,13 +407,13 @@ impl Class {
                             from = class.algos[prev].algo_name(),
                             to = class.algos[next].algo_name(),
                             algos = ?class.candidates(),
-                            times_us = ?times[..self.k()].iter().map(|&t| t as f64 / 1e3).collect::<Vec<_>>(),
+                            times_us = ?times[..k].iter().map(|&t| t as f64 / 1e3).collect::<Vec<_>>(),
                             "algorithm selection switched"
                         );
                     }
-                    self.decided.push(Plan::new(v, next, Some(&times[..self.k()]), self.k(), before));
+                    self.agreed = *times;
+                    self.decided.push(Plan::new(v, next, Some(&times[..k]), k));
                     self.agreements.pop_front();
-                    self.first_agreement += 1;
                 }
             }
         }
@@ -449,7 +463,7 @@ pub fn incumbent(prev: usize, times: &[u64]) -> usize {
 
 impl Adapt {
     /// Numbers a call of `class` (see [`crate::Measured::contest`]) of `bytes`, at
-    /// its call; at the first call of a window from the second on, posts this rank's
+    /// its call; at the first call of an epoch from the second on, posts this rank's
     /// timings to every other rank and registers the receives of theirs.
     pub(crate) fn ticket<T: LocalTransport, A: AlgoFamily>(
         &self,
@@ -462,7 +476,7 @@ impl Adapt {
         let c = s.classes.entry(class.key()).or_insert_with(|| Class::new(class.candidates().len()));
         let call = c.calls;
         c.calls += 1;
-        if call > 0 && call % WINDOW == 0 {
+        if call > 0 && call % (WINDOW * EPOCH) == 0 {
             c.agreements.push_back(agreement(g, A::FAMILY, s.next_tag, c.medians(), c.k()));
             s.next_tag = s.next_tag.wrapping_add(1);
         }
@@ -676,9 +690,9 @@ mod tests {
         let mut c = Class::new(2);
         // Windows 0 and 1 as at the start; window 2 switched to slot 1, with slot 0
         // near; window 3 times nothing.
-        let w2 = Plan::new(2, 1, Some(&[110, 100]), 2, None);
+        let w2 = Plan::new(2, 1, Some(&[110, 100]), 2);
         let w3 = Plan { incumbent: 1, explore: Plan::NONE };
-        c.decided = vec![Plan::new(0, 0, None, 2, None), Plan::new(1, 0, None, 2, None), w2, w3];
+        c.decided = vec![Plan::new(0, 0, None, 2), Plan::new(1, 0, None, 2), w2, w3];
         let slots: Vec<usize> = (0..3 * WINDOW).map(|k| c.slot(k)).collect();
         for w in 0..3 {
             let inc = usize::from(c.decided[w as usize].incumbent);
@@ -700,7 +714,7 @@ mod tests {
     #[test]
     fn far_alternatives_are_timed_rarely_and_unknown_ones_are_near() {
         let explore = |w: u64, inc: usize, t: &[u64]| {
-            let p = Plan::new(w, inc, Some(t), t.len(), None);
+            let p = Plan::new(w, inc, Some(t), t.len());
             (p.explore != Plan::NONE).then_some(usize::from(p.explore))
         };
         let f = FAR_EVERY;
@@ -714,12 +728,11 @@ mod tests {
         // Two far ones take turns in those windows.
         assert_eq!(explore(f, 0, &[100, 300, 400]), Some(2));
         assert_eq!(explore(2 * f, 0, &[100, 300, 400]), Some(1));
-        // Not timed yet: near, unless the window before timed it.
+        // Not timed yet: near.
         assert_eq!(explore(3, 0, &[100, 0]), Some(1));
-        let before = Plan::new(2, 0, Some(&[100, 0]), 2, None);
-        assert_eq!(Plan::new(3, 0, Some(&[100, 0]), 2, Some(before)).explore, Plan::NONE);
-        // The first windows time the others in turn.
-        assert_eq!(Plan::new(1, 0, None, 3, None).explore, 2);
+        assert_eq!(explore(3, 0, &[100, 300, 0]), Some(2));
+        // The first epochs time the others in turn.
+        assert_eq!(Plan::new(1, 0, None, 3).explore, 2);
     }
 
     #[test]
@@ -737,7 +750,7 @@ mod tests {
     fn with_three_candidates_the_others_take_turns() {
         let mut c = Class::new(3);
         let near = Some(&[100u64, 100, 100][..]);
-        c.decided = (0..4).map(|w| Plan::new(w, if w < 2 { 0 } else { 2 }, near.filter(|_| w >= 2), 3, None)).collect();
+        c.decided = (0..4).map(|w| Plan::new(w, if w < 2 { 0 } else { 2 }, near.filter(|_| w >= 2), 3)).collect();
         let alt = |w: u64| c.slot(w * WINDOW + WINDOW - 1);
         // Window 0: the first of the others (1); window 1: the second (2); window 2
         // (incumbent 2): the first of 0 and 1 (1)... in turn by the window number.
@@ -790,7 +803,8 @@ mod tests {
         let gs = groups(3, Duration::from_secs(10));
         // The table's choice is faster on ranks 1 and 2 but not on rank 0: by the
         // slowest rank's times (3 ms against 2), the runner-up leads.
-        let ran = drive(&gs, 7 * WINDOW, |r, a| {
+        let e = EPOCH as usize;
+        let ran = drive(&gs, (2 * EPOCH + 2) * WINDOW, |r, a| {
             if a == SECOND {
                 ms(2)
             } else if r == 0 {
@@ -800,15 +814,13 @@ mod tests {
             }
         })
         .await;
-        // Windows 0, 1 and 3 time the runner-up, one timing each (its third, in
-        // window 3, is sent at window 4, which decides window 5); windows 2 and 4
-        // do not, as the agreement before them lacks the timing the window before
-        // took. From window 5 on, the table's choice, 1.5x behind, is far: not timed.
+        // Epochs 0 and 1 time the runner-up in every window; the agreement made at
+        // epoch 1's start (with its timings of epoch 0) decides epoch 2, where the
+        // table's choice, 1.5x behind, is far: not timed.
         let w = WINDOW as usize;
         for (k, a) in ran.iter().enumerate() {
             let (window, offset) = (k / w, k % w);
-            let timed = matches!(window, 0 | 1 | 3) && offset >= w - 2;
-            let want = if window >= 5 || timed { SECOND } else { FIRST };
+            let want = if window >= 2 * e || offset >= w - 2 { SECOND } else { FIRST };
             assert_eq!(*a, want, "call {k}");
         }
         assert!(gs.iter().all(|g| g.algo_now::<AllreduceAlgo>(CLASS, true) == SECOND));
@@ -821,15 +833,15 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn the_selection_switches_back_and_ignores_small_leads() {
         let gs = groups(2, Duration::from_secs(10));
-        // Ahead by 2% only: no switch.
-        let ran = drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
-        // Timed in every window but 2 and 4 (see the test above), never taken.
-        let timed = |k: u64| k % WINDOW >= WINDOW - 2 && !matches!(k / WINDOW, 2 | 4);
-        assert!(ran.iter().zip(0..).all(|(a, k)| (*a == SECOND) == timed(k)), "{ran:?}");
-        // The runner-up clearly ahead, then clearly behind again.
-        drive(&gs, 8 * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
+        // Ahead by 2% only: timed in every window, never taken.
+        let ran =
+            drive(&gs, 4 * EPOCH * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
+        assert!(ran.iter().zip(0..).all(|(a, k)| (*a == SECOND) == (k % WINDOW >= WINDOW - 2)), "{ran:?}");
+        // The runner-up clearly ahead, then clearly behind again: the medians move
+        // within an epoch, the next one switches.
+        drive(&gs, 3 * EPOCH * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
         assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), SECOND);
-        let ran = drive(&gs, 16 * WINDOW, |_, a| if a == SECOND { ms(2) } else { ms(1) }).await;
+        let ran = drive(&gs, 5 * EPOCH * WINDOW, |_, a| if a == SECOND { ms(2) } else { ms(1) }).await;
         assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), FIRST);
         assert_eq!(ran[ran.len() - 3], FIRST);
     }
@@ -838,7 +850,7 @@ mod tests {
     async fn a_third_candidate_is_timed_in_turn_and_taken_when_fastest() {
         let third = AllreduceAlgo::Rabenseifner;
         let gs = groups_with(2, Duration::from_secs(10), &[SECOND, third]);
-        let ran = drive(&gs, 9 * WINDOW, |_, a| {
+        let ran = drive(&gs, (2 * EPOCH + 1) * WINDOW, |_, a| {
             if a == third {
                 ms(1)
             } else if a == SECOND {
@@ -848,18 +860,13 @@ mod tests {
             }
         })
         .await;
-        // Window 0 times the second, window 1 the third, and then each in turn
-        // until every one has three timings: the second's third comes in window 4
-        // (far from then on: not timed in window 6), the third's in window 5, sent
-        // at window 6, which decides window 7.
+        // Epochs 0 and 1 time the second and the third in turn; epoch 2 takes the
+        // third, and the others, 2x and 3x behind, are far.
         let w = WINDOW as usize;
         let alt = |window: usize| ran[window * w + w - 1];
-        assert_eq!(
-            [alt(0), alt(1), alt(2), alt(3), alt(4), alt(5), alt(6)],
-            [SECOND, third, SECOND, third, SECOND, third, FIRST]
-        );
-        assert!(ran[..7 * w - 2].iter().step_by(w).all(|a| *a == FIRST));
-        assert!(ran[7 * w..7 * w + w - 2].iter().all(|a| *a == third));
+        assert_eq!([alt(0), alt(1), alt(2), alt(3)], [SECOND, third, SECOND, third]);
+        assert!(ran[..2 * EPOCH as usize * w].iter().step_by(w).all(|a| *a == FIRST));
+        assert!(ran[2 * EPOCH as usize * w..].iter().all(|a| *a == third));
         assert_eq!(gs[1].algo_now::<AllreduceAlgo>(CLASS, true), third);
     }
 
@@ -867,9 +874,10 @@ mod tests {
     async fn a_rank_that_stops_calling_fails_the_others_at_their_deadline() {
         let gs = groups(2, Duration::from_millis(300));
         drive(&gs, WINDOW, |_, _| ms(1)).await;
-        // Rank 1 makes no more calls: rank 0's window-1 agreement lacks its timings,
-        // and rank 0's first call of window 2 waits for it until the deadline.
-        for _ in 0..WINDOW {
+        // Rank 1 makes no more calls: the agreement rank 0 makes at epoch 1's start
+        // lacks its timings, and rank 0's first call of epoch 2 waits for it until
+        // the deadline.
+        for _ in WINDOW..2 * EPOCH * WINDOW {
             let t = ticket(&gs[0], CLASS);
             gs[0].adapt_choose(&t).await.unwrap();
         }
@@ -884,24 +892,25 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_dropped_choice_loses_nothing_the_next_call_needs() {
-        // Rank 0 runs ahead: its first call of window 2 needs rank 1's window-1
-        // timings, which rank 1 sends at its own call W; that choice is polled
-        // before, dropped, and asked again once rank 1 has caught up.
+        // Rank 0 runs ahead: its first call of epoch 2 needs the timings rank 1
+        // sends at its own first call of epoch 1; that choice is polled before,
+        // dropped, and asked again once rank 1 has caught up.
         let gs1 = groups(2, Duration::from_secs(10));
-        for _ in 0..WINDOW {
+        let epoch = EPOCH * WINDOW;
+        for _ in 0..epoch {
             let _ = ticket(&gs1[0], CLASS);
         }
-        let t0: Vec<AdaptTicket<AllreduceAlgo>> = (0..WINDOW).map(|_| ticket(&gs1[0], CLASS)).collect();
+        let t0: Vec<AdaptTicket<AllreduceAlgo>> = (0..epoch).map(|_| ticket(&gs1[0], CLASS)).collect();
         let mut fut = Box::pin(gs1[0].adapt_choose(&t0[0]));
-        // Window 1's first call takes the table's choice without waiting.
+        // Epoch 1's first call takes the table's choice without waiting.
         assert!(futures::poll!(fut.as_mut()).is_ready());
         drop(fut);
-        let later = ticket(&gs1[0], CLASS); // call 2W: needs window 1's agreement
+        let later = ticket(&gs1[0], CLASS); // the first of epoch 2: needs epoch 1's agreement
         let mut fut = Box::pin(gs1[0].adapt_choose(&later));
         assert!(futures::poll!(fut.as_mut()).is_pending(), "rank 1's timings are not sent yet");
         drop(fut);
-        // Rank 1 catches up; rank 0's call 2W, polled anew, gets its answer.
-        for _ in 0..2 * WINDOW {
+        // Rank 1 catches up; rank 0's call, polled anew, gets its answer.
+        for _ in 0..=epoch {
             let _ = ticket(&gs1[1], CLASS);
         }
         let c = gs1[0].adapt_choose(&later).await.unwrap();

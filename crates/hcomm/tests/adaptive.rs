@@ -10,7 +10,10 @@ use std::sync::Arc;
 use common::*;
 use futures::future::join_all;
 use hcomm::{AllgatherAlgo, AllreduceAlgo, Communicator, ErrorKind, ReduceOp, ReduceScatterAlgo};
-use hcomm_collectives::adapt::WINDOW;
+use hcomm_collectives::adapt::{EPOCH, WINDOW};
+
+/// Calls of a class enough for the first decision (two epochs), and a window more.
+const DECIDED: usize = ((2 * EPOCH + 1) * WINDOW) as usize;
 
 /// Element counts of f32 in the 64 KiB class: the class's size, primes, and sizes
 /// not divisible by any rank count here.
@@ -21,9 +24,11 @@ async fn results_match_the_reference_while_the_selection_times_and_switches() {
     for n in [1, 2, 3, 4, 7, 16] {
         let mut comms = hcomm::local(n);
         contested(&mut comms);
-        // Three windows and more of the class, so that every rank has run both
-        // algorithms and decided at least once; three element types and operators.
-        for k in 0..(3 * WINDOW as usize + 3) {
+        // Up to 4 ranks, past the first decision; above, three windows and more of
+        // the class, so that every rank has run every algorithm; three element
+        // types and operators.
+        let calls = if n <= 4 { DECIDED + 3 } else { 3 * WINDOW as usize + 3 };
+        for k in 0..calls {
             let count = COUNTS_64K[k % COUNTS_64K.len()];
             let seed = (n * 1000 + k) as u64;
             match k % 3 {
@@ -56,7 +61,8 @@ async fn allgathers_and_reduce_scatters_adapt_alike() {
     for n in [1, 2, 3, 5, 16] {
         let mut comms = hcomm::local(n);
         contested(&mut comms);
-        for k in 0..(3 * WINDOW as usize + 3) {
+        let calls = if n <= 3 { DECIDED + 3 } else { 3 * WINDOW as usize + 3 };
+        for k in 0..calls {
             let count = COUNTS_16K[k % COUNTS_16K.len()];
             let seed = (n * 1000 + k) as u64;
             colls::all_gather::<_, f32>(&comms, count, None, seed).await;
@@ -77,13 +83,13 @@ async fn allgathers_and_reduce_scatters_adapt_alike() {
 }
 
 /// Over TCP, whose links carry the timings lazily (with the next data write, or
-/// after a short delay): three and a half windows of calls, with the rank order of
-/// arrival varied by running ranks as tasks of one runtime.
+/// after a short delay): past the first decision, with the rank order of arrival
+/// varied by running ranks as tasks of one runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tcp() {
     let mut comms = hcomm::local_tcp(3).await.unwrap();
     contested(&mut comms);
-    for k in 0..(3 * WINDOW as usize + 8) {
+    for k in 0..DECIDED + 8 {
         let count = COUNTS_64K[k % COUNTS_64K.len()];
         check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, k as u64).await;
     }
@@ -185,16 +191,17 @@ async fn owned_and_borrowed_calls_line_up() {
 }
 
 /// An allgather of the contested class dropped on one rank, unpolled and polled,
-/// at a window's first call and elsewhere: that call fails on the others, and every
-/// later one runs and is right.
+/// at an epoch's first call (where the timings are sent) and elsewhere: that call
+/// fails on the others, and every later one runs and is right.
 #[tokio::test(flavor = "current_thread")]
 async fn dropped_allgathers_fail_alone() {
     let n = 3;
     let mut comms = hcomm::local(n);
     contested(&mut comms);
     let w = WINDOW as usize;
-    let drops = [(w, false), (w + 5, true), (2 * w, true)];
-    for k in 0..(3 * w + 2) {
+    let e = (EPOCH * WINDOW) as usize;
+    let drops = [(w, false), (w + 5, true), (e, true), (e + w, false)];
+    for k in 0..(e + 2 * w) {
         let count = COUNTS_16K[k % COUNTS_16K.len()];
         let Some(&(_, polled)) = drops.iter().find(|(at, _)| *at == k) else {
             colls::all_gather::<_, f32>(&comms, count, None, k as u64).await;
@@ -221,7 +228,7 @@ async fn dropped_allgathers_fail_alone() {
     }
 }
 
-/// A call dropped on one rank, before its first poll or in the middle, at a window's
+/// A call dropped on one rank, before its first poll or in the middle, at an epoch's
 /// first call (where the timings are sent) and elsewhere: that call fails on the
 /// other ranks, and every later call of the class runs and is right.
 #[tokio::test(flavor = "current_thread")]
@@ -230,8 +237,9 @@ async fn dropped_calls_fail_alone() {
     let mut comms = hcomm::local(n);
     contested(&mut comms);
     let w = WINDOW as usize;
-    let drops = [(w, false), (w + 3, true), (2 * w, true), (3 * w - 1, false)];
-    for k in 0..(4 * w) {
+    let e = (EPOCH * WINDOW) as usize;
+    let drops = [(w, false), (w + 3, true), (e, false), (2 * e, true), (2 * e + w - 1, false)];
+    for k in 0..(2 * e + 2 * w) {
         let count = COUNTS_64K[k % COUNTS_64K.len()];
         let Some(&(_, polled)) = drops.iter().find(|(at, _)| *at == k) else {
             check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, k as u64).await;
