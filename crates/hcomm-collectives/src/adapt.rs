@@ -185,7 +185,9 @@ pub const MAX_CANDIDATES: usize = 5;
 /// ring's 256 KiB allreduce took 2.2x the tree's on 4 ranks over TCP on 2 processors
 /// (while 1.1x in the tuner's rounds, each after a barrier), and timing such
 /// alternatives in every window cost 10-20% of the time (BENCHMARKS.md, session 24).
-pub const NEAR: f64 = 1.25;
+/// With 1.25, allgathers of 4-16 KiB blocks on 4 ranks back to back timed the
+/// algorithms 1.2x behind in every window.
+pub const NEAR: f64 = 1.15;
 
 /// How often (in windows) a far alternative is timed: two calls in 512. The first
 /// call of an algorithm after a streak of another is slow (links it alone uses have
