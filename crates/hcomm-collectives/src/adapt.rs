@@ -18,7 +18,7 @@
 //!   last call and third last are kept (per rank, the last [`SAMPLES`] per algorithm,
 //!   scaled to the class's size), and only if the call before ran the same algorithm
 //!   (see [`Class::kept`]), so the incumbent and the alternatives are timed alike.
-//! - The windows go in epochs of [`EPOCH`]. At the first call of each epoch from the
+//! - The windows go in epochs (of up to [`MAX_EPOCH`], see [`epoch_windows`]). At the first call of each epoch from the
 //!   second on, every rank sends its medians to every other rank (one number per
 //!   candidate, posted lazily at the call: nothing waits for them), an *agreement*.
 //!   Its result, the slowest rank's median per algorithm, is the same on every rank.
@@ -66,6 +66,15 @@ pub trait AlgoFamily: Copy + Eq + std::hash::Hash + std::fmt::Debug + Into<u8> +
     /// The algorithm's name.
     fn algo_name(self) -> &'static str;
 
+    /// The bytes a call of `bytes` (as the table counts them) moves on `n` ranks:
+    /// the buffer, or every rank's block.
+    fn moved(bytes: usize, n: usize) -> usize {
+        if Self::BLOCKS { bytes.saturating_mul(n) } else { bytes }
+    }
+
+    /// Whether the table's sizes are one rank's block.
+    const BLOCKS: bool;
+
     /// The measured table's choices of this family, and the alternatives.
     fn tables(m: &Measured) -> Tables<'_, Self>;
 
@@ -81,6 +90,7 @@ impl AlgoFamily for AllreduceAlgo {
     const FAMILY: &'static str = "allreduce";
     const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BYTES;
     const REDUCES: bool = true;
+    const BLOCKS: bool = false;
 
     fn algo_name(self) -> &'static str {
         self.name()
@@ -103,6 +113,7 @@ impl AlgoFamily for AllgatherAlgo {
     const FAMILY: &'static str = "allgather";
     const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BLOCK;
     const REDUCES: bool = false;
+    const BLOCKS: bool = true;
 
     fn algo_name(self) -> &'static str {
         self.name()
@@ -125,6 +136,7 @@ impl AlgoFamily for ReduceScatterAlgo {
     const FAMILY: &'static str = "reduce_scatter";
     const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BLOCK;
     const REDUCES: bool = true;
+    const BLOCKS: bool = true;
 
     fn algo_name(self) -> &'static str {
         self.name()
@@ -146,16 +158,30 @@ impl AlgoFamily for ReduceScatterAlgo {
 /// Calls of a class per window: the last two may time an alternative.
 pub const WINDOW: u64 = 16;
 
-/// Windows per epoch: the first call of an epoch posts this rank's timings (8 bytes
-/// per candidate) to every other rank, for the epoch after it. Posted lazily, they
-/// leave with the next data to that peer or after the transport's delay: 1.3-2 ms
-/// over TCP for a peer the algorithm in use does not send to (tokio's timer rounds
-/// the delay up to its tick). One window of 4 KiB-block allgathers on 4 ranks took
-/// 0.5 ms, and with agreements a window apart, its calls waited for them: 2.6x the
-/// time. Sent at once, one per window, they cost 15-20% of that time (a system call
-/// and a wake-up at the peer for each, on 2 crowded processors). An epoch of 128
-/// calls lasts 4 ms there.
-pub const EPOCH: u64 = 8;
+/// The most windows per epoch. The first call of an epoch posts this rank's timings
+/// (8 bytes per candidate) to every other rank, for the epoch after it. Posted
+/// lazily, they leave with the next data to that peer or after the transport's
+/// delay: 1.3-2 ms over TCP for a peer the algorithm in use does not send to
+/// (tokio's timer rounds the delay up to its tick). One window of 4 KiB-block
+/// allgathers on 4 ranks took 0.5 ms, and with agreements a window apart, its calls
+/// waited for them: 2.6x the time. Sent at once, one per window, they cost 15-20% of
+/// that time (a system call and a wake-up at the peer for each, on 2 crowded
+/// processors).
+pub const MAX_EPOCH: u64 = 8;
+
+/// Bytes a rank's calls of a class move in an epoch, at least (but for
+/// [`MAX_EPOCH`]): a proxy for its length, known alike on every rank. At loopback
+/// speeds (1-4 GB/s) 8 MiB last a few milliseconds, longer than the timings' delay.
+/// Large calls get epochs of one window, and decide as soon as a window is timed: with
+/// 8-window epochs, the sweep's 300 allgathers of 128 KiB blocks were mostly over by
+/// the first decision.
+pub const EPOCH_BYTES: usize = 8 << 20;
+
+/// Windows per epoch for a class whose calls move `moved` bytes each (the whole
+/// buffer for the allreduce, every rank's block for the others).
+pub fn epoch_windows(moved: usize) -> u64 {
+    ((EPOCH_BYTES / moved.max(1)) as u64 / WINDOW).clamp(1, MAX_EPOCH)
+}
 
 /// The smallest allreduce (bytes) the selection adapts.
 pub const ADAPT_MIN_BYTES: usize = 64 << 10;
@@ -349,16 +375,19 @@ struct Class {
     agreements: VecDeque<Agreement>,
     /// The times the epoch of the last window decided was decided by.
     agreed: Times,
+    /// Windows per epoch ([`epoch_windows`]).
+    epoch: u64,
 }
 
 impl Class {
-    fn new(k: usize) -> Class {
+    fn new(k: usize, epoch: u64) -> Class {
         Class {
             calls: 0,
             samples: vec![VecDeque::new(); k],
             decided: Vec::new(),
             agreements: VecDeque::new(),
             agreed: [0; MAX_CANDIDATES],
+            epoch,
         }
     }
 
@@ -384,11 +413,12 @@ impl Class {
         while self.decided.len() as u64 <= w {
             let v = self.decided.len() as u64;
             let k = self.k();
-            let Some(prev) = self.decided.last().map(|p| usize::from(p.incumbent)).filter(|_| v >= 2 * EPOCH) else {
+            let Some(prev) = self.decided.last().map(|p| usize::from(p.incumbent)).filter(|_| v >= 2 * self.epoch)
+            else {
                 self.decided.push(Plan::new(v, 0, None, k));
                 continue;
             };
-            if v % EPOCH != 0 {
+            if v % self.epoch != 0 {
                 self.decided.push(Plan::new(v, prev, Some(&self.agreed[..k]), k));
                 continue;
             }
@@ -475,10 +505,11 @@ impl Adapt {
     ) -> AdaptTicket<A> {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let c = s.classes.entry(class.key()).or_insert_with(|| Class::new(class.candidates().len()));
+        let epoch = epoch_windows(A::moved(class.bytes, g.size()));
+        let c = s.classes.entry(class.key()).or_insert_with(|| Class::new(class.candidates().len(), epoch));
         let call = c.calls;
         c.calls += 1;
-        if call > 0 && call % (WINDOW * EPOCH) == 0 {
+        if call > 0 && call % (WINDOW * c.epoch) == 0 {
             c.agreements.push_back(agreement(g, A::FAMILY, s.next_tag, c.medians(), c.k()));
             s.next_tag = s.next_tag.wrapping_add(1);
         }
@@ -610,7 +641,9 @@ mod tests {
     use super::*;
     use crate::AlgoPlan;
 
-    const CLASS: usize = 1 << 20;
+    /// An allreduce class of [`MAX_EPOCH`]-window epochs.
+    const CLASS: usize = 64 << 10;
+    const EPOCH: u64 = MAX_EPOCH;
     const FIRST: AllreduceAlgo = AllreduceAlgo::Tree;
     const SECOND: AllreduceAlgo = AllreduceAlgo::Ring;
 
@@ -689,7 +722,7 @@ mod tests {
 
     #[test]
     fn two_calls_per_window_time_the_alternative_and_calls_placed_alike_are_kept() {
-        let mut c = Class::new(2);
+        let mut c = Class::new(2, 1);
         // Windows 0 and 1 as at the start; window 2 switched to slot 1, with slot 0
         // near; window 3 times nothing.
         let w2 = Plan::new(2, 1, Some(&[110, 100]), 2);
@@ -739,7 +772,7 @@ mod tests {
 
     #[test]
     fn medians_are_per_slot_and_zero_without_enough_timings() {
-        let mut c = Class::new(2);
+        let mut c = Class::new(2, 1);
         c.samples[0].extend([5, 1, 9]);
         assert_eq!(c.medians(), [5, 0, 0, 0, 0]);
         c.samples[1].extend([4, 8]);
@@ -750,7 +783,7 @@ mod tests {
 
     #[test]
     fn with_three_candidates_the_others_take_turns() {
-        let mut c = Class::new(3);
+        let mut c = Class::new(3, 1);
         let near = Some(&[100u64, 100, 100][..]);
         c.decided = (0..4).map(|w| Plan::new(w, if w < 2 { 0 } else { 2 }, near.filter(|_| w >= 2), 3)).collect();
         let alt = |w: u64| c.slot(w * WINDOW + WINDOW - 1);
@@ -761,6 +794,19 @@ mod tests {
         let k = Contest::new(8, FIRST, &[SECOND, FIRST, SECOND, AllreduceAlgo::Rabenseifner]).unwrap();
         assert_eq!(k.candidates(), [FIRST, SECOND, AllreduceAlgo::Rabenseifner]);
         assert!(Contest::new(8, FIRST, &[FIRST]).is_none());
+    }
+
+    #[test]
+    fn epochs_last_about_eight_mebibytes() {
+        assert_eq!(epoch_windows(64 << 10), 8, "64 KiB allreduces");
+        assert_eq!(epoch_windows(256 << 10), 2);
+        assert_eq!(epoch_windows(1 << 20), 1);
+        assert_eq!(epoch_windows(64 << 20), 1);
+        assert_eq!(epoch_windows(0), MAX_EPOCH);
+        assert_eq!(epoch_windows(AllgatherAlgo::moved(4 << 10, 4)), 8, "4 KiB blocks on 4 ranks");
+        assert_eq!(epoch_windows(AllgatherAlgo::moved(32 << 10, 4)), 4);
+        assert_eq!(epoch_windows(ReduceScatterAlgo::moved(128 << 10, 4)), 1);
+        assert_eq!(AllreduceAlgo::moved(128 << 10, 4), 128 << 10);
     }
 
     #[test]

@@ -10,10 +10,12 @@ use std::sync::Arc;
 use common::*;
 use futures::future::join_all;
 use hcomm::{AllgatherAlgo, AllreduceAlgo, Communicator, ErrorKind, ReduceOp, ReduceScatterAlgo};
-use hcomm_collectives::adapt::{EPOCH, WINDOW};
+use hcomm_collectives::adapt::{MAX_EPOCH, WINDOW};
 
-/// Calls of a class enough for the first decision (two epochs), and a window more.
-const DECIDED: usize = ((2 * EPOCH + 1) * WINDOW) as usize;
+/// Calls of a class enough for the first decision (two epochs: the 64 KiB allreduce
+/// class and the 16 KiB-block allgather and reduce-scatter classes here have epochs
+/// of [`MAX_EPOCH`] windows), and a window more.
+const DECIDED: usize = ((2 * MAX_EPOCH + 1) * WINDOW) as usize;
 
 /// Element counts of f32 in the 64 KiB class: the class's size, primes, and sizes
 /// not divisible by any rank count here.
@@ -199,7 +201,7 @@ async fn dropped_allgathers_fail_alone() {
     let mut comms = hcomm::local(n);
     contested(&mut comms);
     let w = WINDOW as usize;
-    let e = (EPOCH * WINDOW) as usize;
+    let e = (MAX_EPOCH * WINDOW) as usize;
     let drops = [(w, false), (w + 5, true), (e, true), (e + w, false)];
     for k in 0..(e + 2 * w) {
         let count = COUNTS_16K[k % COUNTS_16K.len()];
@@ -237,7 +239,7 @@ async fn dropped_calls_fail_alone() {
     let mut comms = hcomm::local(n);
     contested(&mut comms);
     let w = WINDOW as usize;
-    let e = (EPOCH * WINDOW) as usize;
+    let e = (MAX_EPOCH * WINDOW) as usize;
     let drops = [(w, false), (w + 3, true), (e, false), (2 * e, true), (2 * e + w - 1, false)];
     for k in 0..(2 * e + 2 * w) {
         let count = COUNTS_64K[k % COUNTS_64K.len()];
