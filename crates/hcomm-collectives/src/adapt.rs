@@ -16,11 +16,12 @@
 //!   candidates that is not the window's incumbent, the others run the incumbent
 //!   (which, and how often: [`NEAR`], [`FAR_EVERY`]). Only the times of a window's
 //!   last call and third last are kept (per rank, the last [`SAMPLES`] per algorithm,
-//!   scaled to the class's size), and only if the call before ran the same algorithm
-//!   (see [`Class::kept`]), so the incumbent and the alternatives are timed alike.
-//! - The windows go in epochs (of up to [`MAX_EPOCH`], see [`epoch_windows`]). At the first call of each epoch from the
-//!   second on, every rank sends its medians to every other rank (one number per
-//!   candidate, posted lazily at the call: nothing waits for them), an *agreement*.
+//!   scaled to the class's size), and only if the call before ran the same
+//!   algorithm, so the incumbent and the alternatives are timed alike.
+//! - The windows go in epochs of 1 to [`MAX_EPOCH`] ([`epoch_windows`]). At the
+//!   first call of each epoch from the second on, every rank sends its medians to
+//!   every other rank (one number per candidate, posted lazily at the call: nothing
+//!   waits for them), an *agreement*.
 //!   Its result, the slowest rank's median per algorithm, is the same on every rank.
 //! - The incumbent of epoch `e` (from 2 on) is that of `e - 1`, unless the
 //!   agreement made at epoch `e - 1`'s start has another candidate [`SWITCH`] times
@@ -161,7 +162,7 @@ pub const WINDOW: u64 = 16;
 /// The most windows per epoch. The first call of an epoch posts this rank's timings
 /// (8 bytes per candidate) to every other rank, for the epoch after it. Posted
 /// lazily, they leave with the next data to that peer or after the transport's
-/// delay: 1.3-2 ms over TCP for a peer the algorithm in use does not send to
+/// delay: 1.2-2 ms over TCP for a peer the algorithm in use does not send to
 /// (tokio's timer rounds the delay up to its tick). One window of 4 KiB-block
 /// allgathers on 4 ranks took 0.5 ms, and with agreements a window apart, its calls
 /// waited for them: 2.6x the time. Sent at once, one per window, they cost 15-20% of
@@ -173,8 +174,8 @@ pub const MAX_EPOCH: u64 = 8;
 /// [`MAX_EPOCH`]): a proxy for its length, known alike on every rank. At loopback
 /// speeds (1-4 GB/s) 8 MiB last a few milliseconds, longer than the timings' delay.
 /// Large calls get epochs of one window, and decide as soon as a window is timed: with
-/// 8-window epochs, the sweep's 300 allgathers of 128 KiB blocks were mostly over by
-/// the first decision.
+/// 8-window epochs, the sweep's and duels' 400 automatic allgathers of 128 KiB
+/// blocks were mostly over by the first decision.
 pub const EPOCH_BYTES: usize = 8 << 20;
 
 /// Windows per epoch for a class whose calls move `moved` bytes each (the whole
