@@ -197,9 +197,9 @@ fn codes(op: u8, dtype: u8, reduce: u8) -> Result<(OpKind, Option<DType>, Option
 pub const RECORDS_SEQ: u64 = u64::MAX - 1;
 
 /// The sequence number of the frames that carry the adaptive selection's
-/// timings between ranks (crate `hcomm-collectives`, module `adapt`): two
-/// little-endian `u64`s per frame, tagged with the number of the agreement they
-/// belong to. No collective or record frame has it.
+/// timings between ranks (crate `hcomm-collectives`, module `adapt`): one
+/// little-endian `u64` per candidate algorithm, tagged with the number of the
+/// agreement they belong to. No collective or record frame has it.
 pub const ADAPT_SEQ: u64 = u64::MAX - 2;
 
 /// Length of one signature record: sequence number u64, count u64, operation kind
