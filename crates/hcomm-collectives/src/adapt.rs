@@ -188,7 +188,12 @@ pub fn epoch_windows(moved: usize) -> u64 {
 pub const ADAPT_MIN_BYTES: usize = 64 << 10;
 
 /// The smallest block (bytes per rank) of an allgather or a reduce-scatter the
-/// selection adapts.
+/// selection adapts. The table alone missed the best allgather by 16-22% at 16-512 B
+/// blocks in some runs on 4 ranks, but adapting there too (a floor of 1 byte) did not
+/// help: two sweeps missed at 32 B and 512 B all the same (1.11-1.12 head to head),
+/// and the automatic choice went over 1.10x in more of the sweep's cells (7-8 against
+/// 1-4), as the algorithms there are within the calls' noise (BENCHMARKS.md,
+/// session 25).
 pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 
 /// Timings kept per rank and algorithm in a class: the median of these is what the
