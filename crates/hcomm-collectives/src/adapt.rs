@@ -511,8 +511,10 @@ impl Adapt {
     ) -> AdaptTicket<A> {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let epoch = epoch_windows(A::moved(class.bytes, g.size()));
-        let c = s.classes.entry(class.key()).or_insert_with(|| Class::new(class.candidates().len(), epoch));
+        let c = s
+            .classes
+            .entry(class.key())
+            .or_insert_with(|| Class::new(class.candidates().len(), epoch_windows(A::moved(class.bytes, g.size()))));
         let call = c.calls;
         c.calls += 1;
         if call > 0 && call % (WINDOW * c.epoch) == 0 {

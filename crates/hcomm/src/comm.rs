@@ -282,8 +282,7 @@ impl<T: LocalTransport> Communicator<T> {
         match self.group.plan(bytes, E::DTYPE.is_float(), asked) {
             coll::AlgoPlan::Now(algo) => {
                 let ctx = self.group.begin(coll::allreduce_signature::<E>(buf.len(), op, algo));
-                let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
-                Either::Left(coll::allreduce(ctx, buf, op, algo).instrument(span))
+                Either::Left(traced_all_reduce(ctx, buf, op, algo))
             }
             coll::AlgoPlan::Adaptive(ticket) => {
                 let seq = self.group.reserve();
@@ -328,8 +327,7 @@ impl<T: LocalTransport> Communicator<T> {
                 return adaptive_all_reduce(group.unstarted(ticket.seq, sig), adapt, &mut buf, op).await.map(|()| buf);
             }
             let ctx = group.begin_reserved(ticket.seq, sig);
-            let span = tracing::debug_span!("allreduce", seq = ticket.seq, count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
-            coll::allreduce(ctx, &mut buf, op, algo).instrument(span).await.map(|()| buf)
+            traced_all_reduce(ctx, &mut buf, op, algo).await.map(|()| buf)
         }
     }
 
@@ -544,10 +542,7 @@ impl<T: LocalTransport> Communicator<T> {
                 let count = send.len();
                 let sig = move |algo| coll::allgather_signature::<E>(count, algo);
                 let op = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
-                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| {
-                    let span = tracing::debug_span!("allgather", seq = ctx.seq(), count, dtype = %E::DTYPE, algo = algo.name());
-                    coll::allgather(ctx, send, recv, algo).instrument(span)
-                }))
+                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| traced_all_gather(ctx, send, recv, algo)))
             }
         }
     }
@@ -567,8 +562,7 @@ impl<T: LocalTransport> Communicator<T> {
         algo: coll::AllgatherAlgo,
     ) -> impl Future<Output = Result<()>> + 'a {
         let ctx = self.group.begin(coll::allgather_signature::<E>(send.len(), algo));
-        let span = tracing::debug_span!("allgather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, algo = algo.name());
-        coll::allgather(ctx, send, recv, algo).instrument(span)
+        traced_all_gather(ctx, send, recv, algo)
     }
 
     /// Splits the communicator, as `MPI_Comm_split`: ranks that pass the same `color`
@@ -1066,10 +1060,9 @@ impl<T: LocalTransport> Communicator<T> {
                 let count = recv.len();
                 let sig = move |algo| coll::reduce_scatter_signature::<E>(count, None, op, algo);
                 let unstarted = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
-                let counts = vec![count; self.size()];
+                let n = self.size();
                 Either::Right(adaptive(unstarted, ticket, sig, move |ctx, algo| {
-                    let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count, dtype = %E::DTYPE, %op, algo = algo.name());
-                    async move { coll::reduce_scatter(ctx, send, recv, &counts, op, algo).await }.instrument(span)
+                    traced_reduce_scatter(ctx, send, recv, n, op, algo)
                 }))
             }
         }
@@ -1091,9 +1084,7 @@ impl<T: LocalTransport> Communicator<T> {
         algo: coll::ReduceScatterAlgo,
     ) -> impl Future<Output = Result<()>> + 'a {
         let ctx = self.group.begin(coll::reduce_scatter_signature::<E>(recv.len(), None, op, algo));
-        let counts = vec![recv.len(); self.size()];
-        let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = algo.name());
-        async move { coll::reduce_scatter(ctx, send, recv, &counts, op, algo).await }.instrument(span)
+        traced_reduce_scatter(ctx, send, recv, self.size(), op, algo)
     }
 
     /// [`Communicator::reduce_scatter`] with per-rank block sizes: block `g` has
@@ -1367,11 +1358,52 @@ async fn adaptive_all_reduce<T: LocalTransport, E: Element>(
     reduce: ReduceOp,
 ) -> Result<()> {
     let count = buf.len();
-    adaptive(op, ticket, |algo| coll::allreduce_signature::<E>(count, reduce, algo), |ctx, algo| {
-        let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count, dtype = %E::DTYPE, op = %reduce, algo = algo.name());
-        coll::allreduce(ctx, buf, reduce, algo).instrument(span)
-    })
+    adaptive(
+        op,
+        ticket,
+        |algo| coll::allreduce_signature::<E>(count, reduce, algo),
+        |ctx, algo| traced_all_reduce(ctx, buf, reduce, algo),
+    )
     .await
+}
+
+/// The allreduce of `ctx` by `algo`, in its `tracing` span (whichever way its
+/// algorithm was chosen).
+fn traced_all_reduce<'a, T: LocalTransport, E: Element>(
+    ctx: coll::OpCtx<'a, T>,
+    buf: &'a mut [E],
+    op: ReduceOp,
+    algo: coll::AllreduceAlgo,
+) -> impl Future<Output = Result<()>> + 'a {
+    let span = tracing::debug_span!("allreduce", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, op = %op, algo = algo.name());
+    coll::allreduce(ctx, buf, op, algo).instrument(span)
+}
+
+/// The allgather of `ctx` by `algo`, in its `tracing` span.
+fn traced_all_gather<'a, T: LocalTransport, E: Element>(
+    ctx: coll::OpCtx<'a, T>,
+    send: &'a [E],
+    recv: &'a mut [E],
+    algo: coll::AllgatherAlgo,
+) -> impl Future<Output = Result<()>> + 'a {
+    let span =
+        tracing::debug_span!("allgather", seq = ctx.seq(), count = send.len(), dtype = %E::DTYPE, algo = algo.name());
+    coll::allgather(ctx, send, recv, algo).instrument(span)
+}
+
+/// The reduce-scatter of `ctx` (equal blocks of `recv.len()` over `n` ranks) by
+/// `algo`, in its `tracing` span.
+fn traced_reduce_scatter<'a, T: LocalTransport, E: Element>(
+    ctx: coll::OpCtx<'a, T>,
+    send: &'a [E],
+    recv: &'a mut [E],
+    n: usize,
+    op: ReduceOp,
+    algo: coll::ReduceScatterAlgo,
+) -> impl Future<Output = Result<()>> + 'a {
+    let counts = vec![recv.len(); n];
+    let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = algo.name());
+    async move { coll::reduce_scatter(ctx, send, recv, &counts, op, algo).await }.instrument(span)
 }
 
 /// A collective numbered at its call but not started yet. Dropped unstarted, it

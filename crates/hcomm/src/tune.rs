@@ -1,6 +1,7 @@
 //! Measured algorithm selection: [`Communicator::tune`] times every algorithm of every
 //! collective family on the job itself and keeps the fastest per size (and, for the
-//! allreduce, the alternatives the adaptive selection keeps timing).
+//! allreduce, the allgather and the reduce-scatter, the alternatives the adaptive
+//! selection keeps timing).
 //!
 //! A cost model (even a calibrated one) misses what this machine does under load:
 //! on a 2-core VM running 4 ranks, the binomial tree beats recursive doubling below
