@@ -19,7 +19,8 @@
 //! head wherever its algorithm differs or it took over 1.10x (see `duels`). f32 data,
 //! sum. `RUST_LOG=hcomm::tune=debug` logs (on stderr) each timing the tuner makes
 //! (`tune timed`: family, size, pass, algorithms, the slowest rank's median times);
-//! `RUST_LOG=hcomm::adapt=debug` each switch of the adaptive selection.
+//! `RUST_LOG=hcomm::adapt=debug` each switch of the adaptive selection, and
+//! `hcomm::adapt=trace` each timing it keeps (family, class, call number, algorithm).
 
 use std::time::{Duration, Instant};
 

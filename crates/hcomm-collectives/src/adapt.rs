@@ -198,9 +198,15 @@ pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 
 /// Timings kept per rank and algorithm in a class: the median of these is what the
 /// rank sends. An alternative gets one per window it is timed in, the incumbent one
-/// or two. (With 5, the medians of 50-100 µs allgathers still moved by 10-20% from
-/// window to window on crowded ranks.)
-pub const SAMPLES: usize = 7;
+/// or two. One rank's timings of a 60-80 µs allgather on 4 ranks sharing 2
+/// processors spread over a range (quartile to quartile) as wide as their median,
+/// and with the median of 7 the agreed time of one algorithm moved between 65 and
+/// 113 µs from epoch to epoch: the selection switched on that noise, the algorithm
+/// it left looking slow and the one it took fast. With 21, the sweeps' automatic
+/// allgather missed the best by over 10% (head to head) in 2 cells of 17 runs over
+/// shared memory, against 6 with 7 (BENCHMARKS.md, session 26). The price: a
+/// change of the algorithms' times shows after about 10 windows, not 4.
+pub const SAMPLES: usize = 21;
 
 /// Timings an algorithm needs before its median is sent: with fewer, the others
 /// read it as not timed (and time it again if it is near). Calls of 50-100 µs vary
@@ -557,6 +563,15 @@ impl Adapt {
             return;
         }
         let scaled = (took.as_nanos() * t.class.bytes as u128 / t.bytes as u128).min(u64::MAX as u128) as u64;
+        tracing::trace!(
+            target: "hcomm::adapt",
+            family = A::FAMILY,
+            bytes = t.class.bytes,
+            call = t.call,
+            algo = choice.algo.algo_name(),
+            us = scaled as f64 / 1e3,
+            "timing kept"
+        );
         let mut s = self.state.lock();
         if let Some(c) = s.classes.get_mut(&t.class.key()) {
             let q = &mut c.samples[choice.slot];
@@ -894,10 +909,14 @@ mod tests {
             drive(&gs, 4 * EPOCH * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
         assert!(ran.iter().zip(0..).all(|(a, k)| (*a == SECOND) == (k % WINDOW >= WINDOW - 2)), "{ran:?}");
         // The runner-up clearly ahead, then clearly behind again: the medians move
-        // within an epoch, the next one switches.
-        drive(&gs, 3 * EPOCH * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
+        // once more than half of the last SAMPLES are new (one per window each), and
+        // the agreement of the epoch after decides the next one.
+        let settle = (SAMPLES as u64 / 2 + 1).div_ceil(EPOCH) + 2;
+        drive(&gs, settle * EPOCH * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
         assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), SECOND);
-        let ran = drive(&gs, 5 * EPOCH * WINDOW, |_, a| if a == SECOND { ms(2) } else { ms(1) }).await;
+        // Back: the incumbent's median moves first, then the old one's, far until
+        // then and timed again once near.
+        let ran = drive(&gs, 2 * settle * EPOCH * WINDOW, |_, a| if a == SECOND { ms(2) } else { ms(1) }).await;
         assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), FIRST);
         assert_eq!(ran[ran.len() - 3], FIRST);
     }
