@@ -121,13 +121,12 @@ impl Op {
     /// The automatic choice's name for `bytes` (as the selection sees them): where
     /// the adaptive selection decides, its algorithm now.
     fn pick<T: LocalTransport>(self, comm: &Communicator<T>, bytes: usize) -> &'static str {
-        let (t, n) = (comm.tuning(), comm.size());
         match self {
             Op::Allreduce => comm.allreduce_algo_for(bytes, true).name(),
-            Op::Broadcast => t.bcast_algo(n, bytes, None).name(),
+            Op::Broadcast => comm.algo_for::<BcastAlgo>(bytes, true).name(),
             Op::Allgather => comm.algo_for::<AllgatherAlgo>(bytes, true).name(),
             Op::ReduceScatter => comm.algo_for::<ReduceScatterAlgo>(bytes, true).name(),
-            Op::Alltoall => t.alltoall_algo(n, bytes, None).name(),
+            Op::Alltoall => comm.algo_for::<AlltoallAlgo>(bytes, true).name(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! The adaptive algorithm selection: where the measured table
 //! ([`Measured`]) has alternatives close to its choice, the ranks keep timing them
-//! while the job runs and switch together when one gets ahead. It serves the
-//! allreduce, the allgather and the reduce-scatter ([`AlgoFamily`]).
+//! while the job runs and switch together when one gets ahead. It serves every
+//! family the table chooses by size ([`AlgoFamily`]): the allreduce, the broadcast,
+//! the allgather, the reduce-scatter and the alltoall.
 //!
 //! Why: on ranks that share processors, the algorithms' times drift over a job.
 //! On 4 ranks over TCP on 2 processors, Rabenseifner's allreduce got 2-9% slower
@@ -45,7 +46,7 @@ use hcomm_core::wire::ADAPT_SEQ;
 use hcomm_core::{DType, Error, ErrorKind, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature};
 use parking_lot::Mutex;
 
-use crate::{AllgatherAlgo, AllreduceAlgo, Group, Measured, ReduceScatterAlgo, Tuning};
+use crate::{AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Group, Measured, ReduceScatterAlgo, Tuning};
 
 /// A family's part of the measured table: its choice by size, and its alternatives
 /// at the sizes where any came close.
@@ -110,51 +111,45 @@ impl AlgoFamily for AllreduceAlgo {
     }
 }
 
-impl AlgoFamily for AllgatherAlgo {
-    const FAMILY: &'static str = "allgather";
-    const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BLOCK;
-    const REDUCES: bool = false;
-    const BLOCKS: bool = true;
+/// [`AlgoFamily`] for a family chosen by size alone (all but the allreduce): its
+/// floor, whether it reduces and counts blocks, its fields of [`Measured`] and
+/// [`Tuning`], and [`Group`]'s choice.
+macro_rules! family {
+    ($algo:ty, $name:literal, $floor:expr, reduces: $reduces:literal, blocks: $blocks:literal,
+     $table:ident, $alternatives:ident, $forced:ident, $chosen:ident) => {
+        impl AlgoFamily for $algo {
+            const FAMILY: &'static str = $name;
+            const ADAPT_MIN_BYTES: usize = $floor;
+            const REDUCES: bool = $reduces;
+            const BLOCKS: bool = $blocks;
 
-    fn algo_name(self) -> &'static str {
-        self.name()
-    }
+            fn algo_name(self) -> &'static str {
+                self.name()
+            }
 
-    fn tables(m: &Measured) -> Tables<'_, Self> {
-        (&m.allgather, &m.allgather_alternatives)
-    }
+            fn tables(m: &Measured) -> Tables<'_, Self> {
+                (&m.$table, &m.$alternatives)
+            }
 
-    fn forced(t: &Tuning) -> Option<Self> {
-        t.allgather
-    }
+            fn forced(t: &Tuning) -> Option<Self> {
+                t.$forced
+            }
 
-    fn chosen<T: LocalTransport>(g: &Group<T>, bytes: usize, _float: bool, asked: Option<Self>) -> Self {
-        asked.unwrap_or_else(|| g.allgather_algo(bytes))
-    }
+            fn chosen<T: LocalTransport>(g: &Group<T>, bytes: usize, _float: bool, asked: Option<Self>) -> Self {
+                asked.unwrap_or_else(|| g.$chosen(bytes))
+            }
+        }
+    };
 }
 
-impl AlgoFamily for ReduceScatterAlgo {
-    const FAMILY: &'static str = "reduce_scatter";
-    const ADAPT_MIN_BYTES: usize = ADAPT_MIN_BLOCK;
-    const REDUCES: bool = true;
-    const BLOCKS: bool = true;
-
-    fn algo_name(self) -> &'static str {
-        self.name()
-    }
-
-    fn tables(m: &Measured) -> Tables<'_, Self> {
-        (&m.reduce_scatter, &m.reduce_scatter_alternatives)
-    }
-
-    fn forced(t: &Tuning) -> Option<Self> {
-        t.reduce_scatter
-    }
-
-    fn chosen<T: LocalTransport>(g: &Group<T>, bytes: usize, _float: bool, asked: Option<Self>) -> Self {
-        asked.unwrap_or_else(|| g.reduce_scatter_algo(bytes))
-    }
-}
+family!(AllgatherAlgo, "allgather", ADAPT_MIN_BLOCK, reduces: false, blocks: true,
+    allgather, allgather_alternatives, allgather, allgather_algo);
+family!(ReduceScatterAlgo, "reduce_scatter", ADAPT_MIN_BLOCK, reduces: true, blocks: true,
+    reduce_scatter, reduce_scatter_alternatives, reduce_scatter, reduce_scatter_algo);
+family!(BcastAlgo, "broadcast", ADAPT_MIN_BYTES, reduces: false, blocks: false,
+    broadcast, broadcast_alternatives, broadcast, bcast_algo);
+family!(AlltoallAlgo, "alltoall", ADAPT_MIN_BLOCK, reduces: false, blocks: true,
+    alltoall, alltoall_alternatives, alltoall, alltoall_algo);
 
 /// Calls of a class per window: the last two may time an alternative.
 pub const WINDOW: u64 = 16;
@@ -184,11 +179,11 @@ pub fn epoch_windows(moved: usize) -> u64 {
     ((EPOCH_BYTES / moved.max(1)) as u64 / WINDOW).clamp(1, MAX_EPOCH)
 }
 
-/// The smallest allreduce (bytes) the selection adapts.
+/// The smallest allreduce or broadcast (bytes) the selection adapts.
 pub const ADAPT_MIN_BYTES: usize = 64 << 10;
 
-/// The smallest block (bytes per rank) of an allgather or a reduce-scatter the
-/// selection adapts. The table alone missed the best allgather by 16-22% at 16-512 B
+/// The smallest block (bytes per rank) of an allgather, a reduce-scatter or an
+/// alltoall the selection adapts. The table alone missed the best allgather by 16-22% at 16-512 B
 /// blocks in some runs on 4 ranks, but adapting there too (a floor of 1 byte) did not
 /// help: two sweeps missed at 32 B and 512 B all the same (1.11-1.12 head to head),
 /// and the automatic choice went over 1.10x in more of the sweep's cells (7-8 against
@@ -840,6 +835,10 @@ mod tests {
         t.measured.allgather_alternatives = vec![(CLASS, vec![AllgatherAlgo::Bruck])];
         t.measured.reduce_scatter = vec![(CLASS, ReduceScatterAlgo::Ring)];
         t.measured.reduce_scatter_alternatives = vec![(CLASS, vec![ReduceScatterAlgo::RecursiveHalving])];
+        t.measured.broadcast = vec![(CLASS, BcastAlgo::Binomial)];
+        t.measured.broadcast_alternatives = vec![(CLASS, vec![BcastAlgo::Chain])];
+        t.measured.alltoall = vec![(CLASS, AlltoallAlgo::Pairwise)];
+        t.measured.alltoall_alternatives = vec![(CLASS, vec![AlltoallAlgo::Bruck])];
         g.set_tuning(t.clone());
         fn call<A>(p: AlgoPlan<A>) -> Option<u64> {
             match p {
@@ -853,10 +852,15 @@ mod tests {
         assert_eq!(call(g.plan::<AllgatherAlgo>(CLASS, true, None)), Some(1));
         assert_eq!(call(g.plan::<ReduceScatterAlgo>(CLASS, true, None)), Some(0));
         assert_eq!(call(g.plan::<AllreduceAlgo>(CLASS, true, None)), Some(1));
-        // The blocks' floor is below the allreduce's.
+        assert_eq!(call(g.plan::<BcastAlgo>(CLASS, false, None)), Some(0));
+        assert_eq!(call(g.plan::<AlltoallAlgo>(CLASS, false, None)), Some(0));
+        assert_eq!(call(g.plan::<BcastAlgo>(CLASS, false, None)), Some(1));
+        // The blocks' floor is below the whole buffers'.
         assert_eq!(call(g.plan::<AllgatherAlgo>(ADAPT_MIN_BLOCK, false, None)), Some(2));
         assert_eq!(call(g.plan::<AllgatherAlgo>(ADAPT_MIN_BLOCK - 4, false, None)), None);
+        assert_eq!(call(g.plan::<AlltoallAlgo>(ADAPT_MIN_BLOCK, false, None)), Some(1));
         assert_eq!(call(g.plan::<AllreduceAlgo>(ADAPT_MIN_BLOCK, false, None)), None);
+        assert_eq!(call(g.plan::<BcastAlgo>(ADAPT_MIN_BLOCK, false, None)), None);
         // Reproducible: float reductions keep one algorithm, the allgather adapts.
         t.reproducible = true;
         g.set_tuning(t.clone());

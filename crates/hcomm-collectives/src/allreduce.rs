@@ -534,6 +534,8 @@ pub struct Measured {
     /// keeps timing them there while the job runs, and switches when one gets ahead.
     pub allreduce_alternatives: Vec<(usize, Vec<AllreduceAlgo>)>,
     pub broadcast: Vec<(usize, BcastAlgo)>,
+    /// As `allreduce_alternatives`, for the broadcast.
+    pub broadcast_alternatives: Vec<(usize, Vec<BcastAlgo>)>,
     pub allgather: Vec<(usize, AllgatherAlgo)>,
     /// As `allreduce_alternatives`, for the allgather.
     pub allgather_alternatives: Vec<(usize, Vec<AllgatherAlgo>)>,
@@ -541,6 +543,8 @@ pub struct Measured {
     /// As `allreduce_alternatives`, for the reduce-scatter.
     pub reduce_scatter_alternatives: Vec<(usize, Vec<ReduceScatterAlgo>)>,
     pub alltoall: Vec<(usize, AlltoallAlgo)>,
+    /// As `allreduce_alternatives`, for the alltoall.
+    pub alltoall_alternatives: Vec<(usize, Vec<AlltoallAlgo>)>,
 }
 
 impl Measured {
@@ -680,9 +684,9 @@ pub struct Tuning {
     /// every rank of one host reads alike.
     pub crowded: Option<Crowded>,
     /// The adaptive selection (`HCOMM_ADAPT`, default on): where the measured
-    /// table has alternatives ([`Measured::allreduce_alternatives`] and the
-    /// allgather's and reduce-scatter's), allreduces of 64 KiB and more, and
-    /// allgathers and reduce-scatters of 4 KiB blocks and more, keep timing the
+    /// table has alternatives ([`Measured::allreduce_alternatives`] and the other
+    /// families'), allreduces and broadcasts of 64 KiB and more, and allgathers,
+    /// reduce-scatters and alltoalls of 4 KiB blocks and more, keep timing the
     /// choice and them while the job runs, and every rank switches to the fastest
     /// at the same call (see [`crate::adapt`]). Off, the table decides alone.
     pub adaptive: bool,

@@ -146,8 +146,10 @@ impl<T: LocalTransport> Communicator<T> {
     }
 
     /// As [`Communicator::allreduce_algo_for`], for any family the adaptive
-    /// selection serves: the allreduce, the allgather and the reduce-scatter
-    /// (`bytes` as their tables count them: one rank's block for the latter two).
+    /// selection serves: the allreduce, the broadcast, the allgather, the
+    /// reduce-scatter and the alltoall (`bytes` as their tables count them: the
+    /// whole buffer for the first two, one rank's block for the others; `float`
+    /// matters to the reductions alone).
     pub fn algo_for<A: coll::AlgoFamily>(&self, bytes: usize, float: bool) -> A {
         self.group.algo_now::<A>(bytes, float)
     }
@@ -915,8 +917,17 @@ impl<T: LocalTransport> Communicator<T> {
     /// # Cancel safety
     /// See the impl block.
     pub fn broadcast<'a, E: Element>(&'a self, buf: &'a mut [E], root: usize) -> impl Future<Output = Result<()>> + 'a {
-        let algo = self.group.bcast_algo(std::mem::size_of_val(buf));
-        self.broadcast_with(buf, root, algo)
+        match self.group.plan(std::mem::size_of_val(buf), false, None) {
+            coll::AlgoPlan::Now(algo) => Either::Left(self.broadcast_with(buf, root, algo)),
+            coll::AlgoPlan::Adaptive(ticket) => {
+                let count = buf.len() as u64;
+                let sig = move |algo: coll::BcastAlgo| {
+                    coll::rooted_signature::<E>(OpKind::Broadcast, count, None, root, algo as u8)
+                };
+                let op = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
+                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| traced_broadcast(ctx, buf, root, algo)))
+            }
+        }
     }
 
     /// [`Communicator::broadcast`] with a chosen algorithm.
@@ -934,8 +945,7 @@ impl<T: LocalTransport> Communicator<T> {
     ) -> impl Future<Output = Result<()>> + 'a {
         let ctx =
             self.group.begin(coll::rooted_signature::<E>(OpKind::Broadcast, buf.len() as u64, None, root, algo as u8));
-        let span = tracing::debug_span!("broadcast", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, root, algo = algo.name());
-        coll::broadcast(ctx, buf, root, algo).instrument(span)
+        traced_broadcast(ctx, buf, root, algo)
     }
 
     /// Reduces every rank's `buf` element-wise into `buf` at `root` (binomial tree);
@@ -1143,9 +1153,15 @@ impl<T: LocalTransport> Communicator<T> {
         send: &'a [E],
         recv: &'a mut [E],
     ) -> impl Future<Output = Result<()>> + 'a {
-        let block_bytes = std::mem::size_of_val(send) / self.size();
-        let algo = self.group.alltoall_algo(block_bytes);
-        self.all_to_all_with(send, recv, algo)
+        let block = send.len() / self.size();
+        match self.group.plan(block * std::mem::size_of::<E>(), false, None) {
+            coll::AlgoPlan::Now(algo) => Either::Left(self.all_to_all_with(send, recv, algo)),
+            coll::AlgoPlan::Adaptive(ticket) => {
+                let sig = move |algo| alltoall_signature::<E>(block, algo);
+                let op = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
+                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| traced_all_to_all(ctx, send, recv, algo)))
+            }
+        }
     }
 
     /// [`Communicator::all_to_all`] with a chosen algorithm. Every rank must choose
@@ -1162,36 +1178,8 @@ impl<T: LocalTransport> Communicator<T> {
         recv: &'a mut [E],
         algo: coll::AlltoallAlgo,
     ) -> impl Future<Output = Result<()>> + 'a {
-        let n = self.size();
-        let block = send.len() / n;
-        let ctx = self.group.begin(Signature {
-            op: OpKind::AllToAll,
-            dtype: Some(E::DTYPE),
-            reduce: None,
-            count: block as u64,
-            root: None,
-            algo: algo as u8,
-        });
-        let span = tracing::debug_span!("alltoall", seq = ctx.seq(), block, dtype = %E::DTYPE, algo = algo.name());
-        let shape_ok = send.len() == recv.len() && send.len() % n == 0;
-        async move {
-            if !shape_ok {
-                let e = Error::invalid(format!(
-                    "alltoall buffers of {} and {} elements are not {n} equal blocks each",
-                    send.len(),
-                    recv.len()
-                ));
-                return ctx.finish(Err(e));
-            }
-            match algo {
-                coll::AlltoallAlgo::Pairwise => {
-                    let counts = vec![block; n];
-                    coll::pairwise_alltoallv(ctx, send, &counts, recv, &counts).await
-                }
-                coll::AlltoallAlgo::Bruck => coll::bruck_alltoall(ctx, send, recv, block).await,
-            }
-        }
-        .instrument(span)
+        let ctx = self.group.begin(alltoall_signature::<E>(send.len() / self.size(), algo));
+        traced_all_to_all(ctx, send, recv, algo)
     }
 
     /// [`Communicator::all_to_all`] with per-peer block sizes: block `g` of `send`
@@ -1404,6 +1392,61 @@ fn traced_reduce_scatter<'a, T: LocalTransport, E: Element>(
     let counts = vec![recv.len(); n];
     let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = algo.name());
     async move { coll::reduce_scatter(ctx, send, recv, &counts, op, algo).await }.instrument(span)
+}
+
+/// The broadcast of `ctx` from `root` by `algo`, in its `tracing` span.
+fn traced_broadcast<'a, T: LocalTransport, E: Element>(
+    ctx: coll::OpCtx<'a, T>,
+    buf: &'a mut [E],
+    root: usize,
+    algo: coll::BcastAlgo,
+) -> impl Future<Output = Result<()>> + 'a {
+    let span = tracing::debug_span!("broadcast", seq = ctx.seq(), count = buf.len(), dtype = %E::DTYPE, root, algo = algo.name());
+    coll::broadcast(ctx, buf, root, algo).instrument(span)
+}
+
+/// An alltoall's signature: blocks of `block` elements by `algo`.
+fn alltoall_signature<E: Element>(block: usize, algo: coll::AlltoallAlgo) -> Signature {
+    Signature {
+        op: OpKind::AllToAll,
+        dtype: Some(E::DTYPE),
+        reduce: None,
+        count: block as u64,
+        root: None,
+        algo: algo as u8,
+    }
+}
+
+/// The alltoall of `ctx` (`send` and `recv` in equal blocks, one per rank) by
+/// `algo`, in its `tracing` span.
+fn traced_all_to_all<'a, T: LocalTransport, E: Element>(
+    ctx: coll::OpCtx<'a, T>,
+    send: &'a [E],
+    recv: &'a mut [E],
+    algo: coll::AlltoallAlgo,
+) -> impl Future<Output = Result<()>> + 'a {
+    let n = ctx.group().size();
+    let block = send.len() / n;
+    let span = tracing::debug_span!("alltoall", seq = ctx.seq(), block, dtype = %E::DTYPE, algo = algo.name());
+    let shape_ok = send.len() == recv.len() && send.len() % n == 0;
+    async move {
+        if !shape_ok {
+            let e = Error::invalid(format!(
+                "alltoall buffers of {} and {} elements are not {n} equal blocks each",
+                send.len(),
+                recv.len()
+            ));
+            return ctx.finish(Err(e));
+        }
+        match algo {
+            coll::AlltoallAlgo::Pairwise => {
+                let counts = vec![block; n];
+                coll::pairwise_alltoallv(ctx, send, &counts, recv, &counts).await
+            }
+            coll::AlltoallAlgo::Bruck => coll::bruck_alltoall(ctx, send, recv, block).await,
+        }
+    }
+    .instrument(span)
 }
 
 /// A collective numbered at its call but not started yet. Dropped unstarted, it

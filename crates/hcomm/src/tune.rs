@@ -1,7 +1,6 @@
 //! Measured algorithm selection: [`Communicator::tune`] times every algorithm of every
-//! collective family on the job itself and keeps the fastest per size (and, for the
-//! allreduce, the allgather and the reduce-scatter, the alternatives the adaptive
-//! selection keeps timing).
+//! collective family on the job itself and keeps the fastest per size, and the
+//! alternatives the adaptive selection keeps timing.
 //!
 //! A cost model (even a calibrated one) misses what this machine does under load:
 //! on a 2-core VM running 4 ranks, the binomial tree beats recursive doubling below
@@ -103,7 +102,7 @@ impl Measure {
         if let Some(path) = &self.file {
             let why = match comm.read_tuning(path).await? {
                 Loaded::Table(m) => {
-                    comm.set_measured(m);
+                    comm.set_measured(*m);
                     tracing::debug!(path = %path.display(), "tuning table loaded");
                     return Ok(comm);
                 }
@@ -183,7 +182,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// see [`TuneOptions::primed`]); an algorithm's time is the median over rounds of
     /// the slowest rank's, so every rank decides alike. Passes after the
     /// first time only the contenders (see [`TuneOptions::passes`]). The table also
-    /// keeps the allreduce's, allgather's and reduce-scatter's alternatives within
+    /// keeps every family's alternatives within
     /// 1.5x of the first pass's best at each size, which the adaptive selection keeps
     /// timing while the job runs ([`hcomm_collectives::adapt`], `HCOMM_ADAPT`).
     /// Collective.
@@ -259,17 +258,20 @@ impl<T: LocalTransport> Communicator<T> {
                 .await?;
             }
         }
-        let (allreduce, allgather, reduce_scatter) = (ar.table(passes), ag.table(passes), rs.table(passes));
+        let (allreduce, broadcast) = (ar.table(passes), bc.table(passes));
+        let (allgather, reduce_scatter, alltoall) = (ag.table(passes), rs.table(passes), aa.table(passes));
         let m = Measured {
             ranks: n,
             allreduce_alternatives: ar.alternatives(&allreduce),
             allreduce,
-            broadcast: bc.table(passes),
+            broadcast_alternatives: bc.alternatives(&broadcast),
+            broadcast,
             allgather_alternatives: ag.alternatives(&allgather),
             allgather,
             reduce_scatter_alternatives: rs.alternatives(&reduce_scatter),
             reduce_scatter,
-            alltoall: aa.table(passes),
+            alltoall_alternatives: aa.alternatives(&alltoall),
+            alltoall,
         };
         self.set_measured(m.clone());
         tracing::debug!(?m, "tuned");

@@ -16,9 +16,10 @@ use serde::{Deserialize, Serialize};
 use crate::Communicator;
 
 /// Version of the file's layout: 2 added the allreduce's alternatives
-/// (`allreduce_alternatives`), 3 the allgather's and the reduce-scatter's. Files of
-/// formats 1 and 2 are read too, without the alternatives they lack.
-const FORMAT: u32 = 3;
+/// (`allreduce_alternatives`), 3 the allgather's and the reduce-scatter's, 4 the
+/// broadcast's and the alltoall's. Files of formats 1 to 3 are read too, without the
+/// alternatives they lack.
+const FORMAT: u32 = 4;
 
 /// Largest tuning file read (a table of every family at sizes up to 2^62 holds a few
 /// kilobytes): anything larger is not one.
@@ -56,6 +57,9 @@ struct File {
     #[serde(default)]
     allreduce_alternatives: Vec<(usize, Vec<String>)>,
     broadcast: Vec<(usize, String)>,
+    /// As `allreduce_alternatives` (absent before format 4).
+    #[serde(default)]
+    broadcast_alternatives: Vec<(usize, Vec<String>)>,
     allgather: Vec<(usize, String)>,
     /// As `allreduce_alternatives` (absent before format 3).
     #[serde(default)]
@@ -64,13 +68,16 @@ struct File {
     #[serde(default)]
     reduce_scatter_alternatives: Vec<(usize, Vec<String>)>,
     alltoall: Vec<(usize, String)>,
+    #[serde(default)]
+    alltoall_alternatives: Vec<(usize, Vec<String>)>,
 }
 
 /// What a tuning file held for this job.
 #[derive(Debug)]
 pub(crate) enum Loaded {
-    /// The table, for a job of this shape.
-    Table(Measured),
+    /// The table, for a job of this shape (boxed: a few hundred bytes of vectors'
+    /// headers beside the other variants' string).
+    Table(Box<Measured>),
     /// No file at the path.
     Absent,
     /// A table of a job of another shape (why, in words).
@@ -128,11 +135,13 @@ fn encode(shape: Shape, m: &Measured) -> String {
         allreduce: names(&m.allreduce),
         allreduce_alternatives: alternative_names(&m.allreduce_alternatives),
         broadcast: names(&m.broadcast),
+        broadcast_alternatives: alternative_names(&m.broadcast_alternatives),
         allgather: names(&m.allgather),
         allgather_alternatives: alternative_names(&m.allgather_alternatives),
         reduce_scatter: names(&m.reduce_scatter),
         reduce_scatter_alternatives: alternative_names(&m.reduce_scatter_alternatives),
         alltoall: names(&m.alltoall),
+        alltoall_alternatives: alternative_names(&m.alltoall_alternatives),
     };
     serde_json::to_string_pretty(&f).expect("a table serializes")
 }
@@ -149,11 +158,12 @@ fn decode(bytes: &[u8], shape: &Shape) -> Result<Loaded> {
     if f.job != *shape {
         return Ok(Loaded::OtherJob(format!("it was measured on {}, this job is {shape}", f.job)));
     }
-    Ok(Loaded::Table(Measured {
+    Ok(Loaded::Table(Box::new(Measured {
         ranks: f.job.ranks,
         allreduce: algos::<AllreduceAlgo>("allreduce", &f.allreduce)?,
         allreduce_alternatives: alternatives::<AllreduceAlgo>("allreduce_alternatives", &f.allreduce_alternatives)?,
         broadcast: algos::<BcastAlgo>("broadcast", &f.broadcast)?,
+        broadcast_alternatives: alternatives::<BcastAlgo>("broadcast_alternatives", &f.broadcast_alternatives)?,
         allgather: algos::<AllgatherAlgo>("allgather", &f.allgather)?,
         allgather_alternatives: alternatives::<AllgatherAlgo>("allgather_alternatives", &f.allgather_alternatives)?,
         reduce_scatter: algos::<ReduceScatterAlgo>("reduce_scatter", &f.reduce_scatter)?,
@@ -162,7 +172,8 @@ fn decode(bytes: &[u8], shape: &Shape) -> Result<Loaded> {
             &f.reduce_scatter_alternatives,
         )?,
         alltoall: algos::<AlltoallAlgo>("alltoall", &f.alltoall)?,
-    }))
+        alltoall_alternatives: alternatives::<AlltoallAlgo>("alltoall_alternatives", &f.alltoall_alternatives)?,
+    })))
 }
 
 /// What rank 0 found at the path: 0 no file, 1 its bytes, 2 an error's message.
@@ -232,7 +243,7 @@ impl<T: LocalTransport> Communicator<T> {
     pub async fn load_tuning(&mut self, path: &Path) -> Result<bool> {
         match self.read_tuning(path).await? {
             Loaded::Table(m) => {
-                self.set_measured(m);
+                self.set_measured(*m);
                 Ok(true)
             }
             Loaded::Absent => Ok(false),
@@ -283,11 +294,13 @@ mod tests {
             ],
             allreduce_alternatives: vec![(1 << 20, vec![AllreduceAlgo::Tree, AllreduceAlgo::Rabenseifner])],
             broadcast: vec![(8, BcastAlgo::Binomial), (1 << 20, BcastAlgo::Chain)],
+            broadcast_alternatives: vec![(1 << 20, vec![BcastAlgo::Binomial, BcastAlgo::ScatterAllgather])],
             allgather: vec![(8, AllgatherAlgo::Bruck), (8192, AllgatherAlgo::Ring)],
             allgather_alternatives: vec![(8192, vec![AllgatherAlgo::RecursiveDoubling])],
             reduce_scatter: vec![(8, ReduceScatterAlgo::RecursiveHalving)],
             reduce_scatter_alternatives: vec![(8, vec![ReduceScatterAlgo::Ring])],
             alltoall: vec![(8, AlltoallAlgo::Pairwise)],
+            alltoall_alternatives: vec![(8, vec![AlltoallAlgo::Bruck])],
         }
     }
 
@@ -299,25 +312,35 @@ mod tests {
     fn a_table_survives_its_file() {
         let text = encode(shape(), &table());
         match decode(text.as_bytes(), &shape()).unwrap() {
-            Loaded::Table(m) => assert_eq!(m, table()),
+            Loaded::Table(m) => assert_eq!(*m, table()),
             other => panic!("{other:?}"),
         }
-        // A file written before the other families' alternatives were kept (format
-        // 2) loads without them, and one from before any (format 1) without any.
+        // A file written before the broadcast's and alltoall's alternatives were
+        // kept (format 3) loads without them, one from before the allgather's and
+        // reduce-scatter's (format 2) without those too, and one from before any
+        // (format 1) without any.
         let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("broadcast_alternatives").unwrap();
+        old.as_object_mut().unwrap().remove("alltoall_alternatives").unwrap();
+        old["format"] = 3.into();
+        let format3 = Measured { broadcast_alternatives: Vec::new(), alltoall_alternatives: Vec::new(), ..table() };
+        match decode(old.to_string().as_bytes(), &shape()).unwrap() {
+            Loaded::Table(m) => assert_eq!(*m, format3),
+            other => panic!("{other:?}"),
+        }
         old.as_object_mut().unwrap().remove("allgather_alternatives").unwrap();
         old.as_object_mut().unwrap().remove("reduce_scatter_alternatives").unwrap();
         old["format"] = 2.into();
         let format2 =
-            Measured { allgather_alternatives: Vec::new(), reduce_scatter_alternatives: Vec::new(), ..table() };
+            Measured { allgather_alternatives: Vec::new(), reduce_scatter_alternatives: Vec::new(), ..format3 };
         match decode(old.to_string().as_bytes(), &shape()).unwrap() {
-            Loaded::Table(m) => assert_eq!(m, format2),
+            Loaded::Table(m) => assert_eq!(*m, format2),
             other => panic!("{other:?}"),
         }
         old.as_object_mut().unwrap().remove("allreduce_alternatives").unwrap();
         old["format"] = 1.into();
         match decode(old.to_string().as_bytes(), &shape()).unwrap() {
-            Loaded::Table(m) => assert_eq!(m, Measured { allreduce_alternatives: Vec::new(), ..format2 }),
+            Loaded::Table(m) => assert_eq!(*m, Measured { allreduce_alternatives: Vec::new(), ..format2 }),
             other => panic!("{other:?}"),
         }
     }
@@ -340,14 +363,15 @@ mod tests {
     #[test]
     fn a_file_that_is_not_a_table_is_an_error() {
         let good = encode(shape(), &table());
+        let format = format!("\"format\": {FORMAT}");
         let bad = [
             String::new(),
             "{}".into(),
             "not json".into(),
-            good.replace("\"format\": 3", "\"format\": 4"),
+            good.replace(&format, &format!("\"format\": {}", FORMAT + 1)),
             good.replace("\"ring\"", "\"spiral\""),
             good.replace("\"tree\"", "\"spiral\""),
-            good.replace("\"format\": 3", "\"format\": 3, \"extra\": 3"),
+            good.replace(&format, &format!("{format}, \"extra\": 3")),
             good.replace("65536", "1048577"),
             good.replace("\"ranks\": 4", "\"ranks\": 3"),
         ];

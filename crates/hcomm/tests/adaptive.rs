@@ -1,5 +1,5 @@
 //! The adaptive selection (`hcomm_collectives::adapt`) on real allreduces,
-//! allgathers and reduce-scatters over the in-process transport: results against
+//! broadcasts, allgathers, reduce-scatters and alltoalls over the in-process transport: results against
 //! the sequential reference while the ranks time and switch algorithms, calls in
 //! flight at once, owned and borrowed calls mixed across ranks, and dropped calls.
 
@@ -9,12 +9,15 @@ use std::sync::Arc;
 
 use common::*;
 use futures::future::join_all;
-use hcomm::{AllgatherAlgo, AllreduceAlgo, Communicator, ErrorKind, ReduceOp, ReduceScatterAlgo};
+use hcomm::{
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Communicator, ErrorKind, ReduceOp, ReduceScatterAlgo,
+};
 use hcomm_collectives::adapt::{MAX_EPOCH, WINDOW};
 
 /// Calls of a class enough for the first decision (two epochs: the 64 KiB allreduce
-/// class and the 16 KiB-block allgather and reduce-scatter classes here have epochs
-/// of [`MAX_EPOCH`] windows), and a window more.
+/// and broadcast classes, and on up to 3 ranks the 16 KiB-block allgather,
+/// reduce-scatter and alltoall classes here, have epochs of [`MAX_EPOCH`] windows),
+/// and a window more.
 const DECIDED: usize = ((2 * MAX_EPOCH + 1) * WINDOW) as usize;
 
 /// Element counts of f32 in the 64 KiB class: the class's size, primes, and sizes
@@ -81,6 +84,38 @@ async fn allgathers_and_reduce_scatters_adapt_alike() {
         let rs: Vec<ReduceScatterAlgo> = comms.iter().map(|c| c.algo_for(16 << 10, true)).collect();
         assert!(ag.iter().all(|a| *a == ag[0]), "n={n}: allgather incumbents differ: {ag:?}");
         assert!(rs.iter().all(|a| *a == rs[0]), "n={n}: reduce-scatter incumbents differ: {rs:?}");
+    }
+}
+
+/// Broadcasts of the 64 KiB class (from every root in turn) and alltoalls of the
+/// 16 KiB-block class, between allgathers of theirs, on 1-16 ranks: every result
+/// against the root's data or the reference while each family times its
+/// alternatives and switches on its own, and every rank ends on the same algorithms.
+#[tokio::test(flavor = "current_thread")]
+async fn broadcasts_and_alltoalls_adapt_alike() {
+    for n in [1, 2, 3, 6, 16] {
+        let mut comms = hcomm::local(n);
+        contested(&mut comms);
+        let calls = if n <= 3 { DECIDED + 3 } else { 3 * WINDOW as usize + 3 };
+        for k in 0..calls {
+            let seed = (n * 1000 + k) as u64;
+            let root = k % n;
+            match k % 3 {
+                0 => colls::broadcast::<_, f32>(&comms, COUNTS_64K[k % COUNTS_64K.len()], root, None, seed).await,
+                1 => colls::broadcast::<_, u8>(&comms, 4 * COUNTS_64K[k % COUNTS_64K.len()], root, None, seed).await,
+                _ => colls::broadcast::<_, f64>(&comms, COUNTS_64K[k % COUNTS_64K.len()] / 2, root, None, seed).await,
+            }
+            let count = COUNTS_16K[k % COUNTS_16K.len()];
+            let ins = inputs::<i32>(n, n * count, ReduceOp::Sum, seed);
+            colls::all_to_all_auto(&comms, &ins, count).await;
+            if k % 4 == 0 {
+                colls::all_gather::<_, f32>(&comms, count, None, seed).await;
+            }
+        }
+        let bc: Vec<BcastAlgo> = comms.iter().map(|c| c.algo_for(64 << 10, false)).collect();
+        let aa: Vec<AlltoallAlgo> = comms.iter().map(|c| c.algo_for(16 << 10, false)).collect();
+        assert!(bc.iter().all(|a| *a == bc[0]), "n={n}: broadcast incumbents differ: {bc:?}");
+        assert!(aa.iter().all(|a| *a == aa[0]), "n={n}: alltoall incumbents differ: {aa:?}");
     }
 }
 

@@ -22,21 +22,26 @@ pub fn random_counts(n: usize, max: usize, seed: u64) -> Vec<usize> {
     (0..n).map(|_| rng.random_range(0..=max)).collect()
 }
 
+/// A broadcast from `root` by `algo` (`None`: the automatic choice) against the
+/// root's data.
 pub async fn broadcast<T: LocalTransport, E: TestElem>(
     comms: &[Communicator<T>],
     count: usize,
     root: usize,
-    algo: BcastAlgo,
+    algo: impl Into<Option<BcastAlgo>>,
     seed: u64,
 ) {
     let n = comms.len();
+    let algo = algo.into();
     let ins = inputs::<E>(n, count, ReduceOp::Sum, seed);
     let mut bufs = ins.clone();
-    for (r, res) in join_all(comms.iter().zip(bufs.iter_mut()).map(|(c, b)| c.broadcast_with(b, root, algo)))
-        .await
-        .into_iter()
-        .enumerate()
-    {
+    let calls = comms.iter().zip(bufs.iter_mut()).map(|(c, b)| async move {
+        match algo {
+            Some(a) => c.broadcast_with(b, root, a).await,
+            None => c.broadcast(b, root).await,
+        }
+    });
+    for (r, res) in join_all(calls).await.into_iter().enumerate() {
         res.unwrap_or_else(|e| panic!("broadcast n={n} count={count} root={root} {algo:?}: rank {r}: {e}"));
     }
     for (r, b) in bufs.iter().enumerate() {
@@ -165,19 +170,7 @@ pub async fn all_to_all<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>
         }
         check_alltoall(&ins, &outs, count, algo);
     }
-    // The automatic choice.
-    let mut outs: Vec<Vec<E>> = ins.iter().map(|v| v.iter().rev().copied().collect()).collect();
-    for res in join_all(comms.iter().zip(outs.iter_mut()).zip(&ins).map(|((c, o), i)| c.all_to_all(i, o))).await {
-        res.unwrap();
-    }
-    for r in 0..n {
-        for g in 0..n {
-            assert!(
-                outs[r][g * count..(g + 1) * count] == ins[g][r * count..(r + 1) * count],
-                "alltoall n={n} count={count}: block {g} at rank {r}"
-            );
-        }
-    }
+    all_to_all_auto(comms, &ins, count).await;
     // v: rank g sends m(g, r) elements to rank r.
     let m = |g: usize, r: usize| (g * 7 + r * 3 + seed as usize) % (count + 1);
     let send_counts: Vec<Vec<usize>> = (0..n).map(|g| (0..n).map(|r| m(g, r)).collect()).collect();
@@ -199,6 +192,28 @@ pub async fn all_to_all<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>
         for g in 0..n {
             let so = offsets(&send_counts[g]);
             assert!(vouts[r][ro[g]..ro[g + 1]] == vins[g][so[r]..so[r + 1]], "alltoallv n={n}: block {g} at rank {r}");
+        }
+    }
+}
+
+/// The automatic choice's alltoall of `ins` (blocks of `count`) against the
+/// reference.
+pub async fn all_to_all_auto<T: LocalTransport, E: TestElem>(comms: &[Communicator<T>], ins: &[Vec<E>], count: usize) {
+    let n = comms.len();
+    let mut outs: Vec<Vec<E>> = ins.iter().map(|v| v.iter().rev().copied().collect()).collect();
+    for (r, res) in join_all(comms.iter().zip(outs.iter_mut()).zip(ins).map(|((c, o), i)| c.all_to_all(i, o)))
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        res.unwrap_or_else(|e| panic!("alltoall n={n} count={count}: rank {r}: {e}"));
+    }
+    for r in 0..n {
+        for g in 0..n {
+            assert!(
+                outs[r][g * count..(g + 1) * count] == ins[g][r * count..(r + 1) * count],
+                "alltoall n={n} count={count}: block {g} at rank {r}"
+            );
         }
     }
 }

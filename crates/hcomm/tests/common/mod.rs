@@ -4,8 +4,8 @@
 
 use futures::future::join_all;
 use hcomm::{
-    AllgatherAlgo, AllreduceAlgo, Communicator, DType, Element, LocalTransport, Measured, ReduceOp, ReduceScatterAlgo,
-    bf16, f16,
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Communicator, DType, Element, LocalTransport, Measured,
+    ReduceOp, ReduceScatterAlgo, bf16, f16,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -397,10 +397,12 @@ pub fn free_port() -> u16 {
 }
 
 /// A table whose allreduce has alternatives at 64 KiB (Rabenseifner's, then the
-/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), and whose
-/// allgather and reduce-scatter have some at 16 KiB blocks (the ring, then
-/// recursive doubling and Bruck's; recursive halving, then the ring), as
-/// `Communicator::tune` leaves one.
+/// tree and the ring) and at 1 MiB (the ring, then recursive doubling), whose
+/// broadcast has some at 64 KiB (the binomial tree, then the chain and the scatter
+/// and allgather), and whose allgather, reduce-scatter and alltoall have some at
+/// 16 KiB blocks (the ring, then recursive doubling and Bruck's; recursive halving,
+/// then the ring; pairwise exchange, then Bruck's), as `Communicator::tune` leaves
+/// one.
 pub fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
     let n = comms.len();
     for c in comms.iter_mut() {
@@ -420,7 +422,10 @@ pub fn contested(comms: &mut [Communicator<impl LocalTransport>]) {
             allgather_alternatives: vec![(16 << 10, vec![AllgatherAlgo::RecursiveDoubling, AllgatherAlgo::Bruck])],
             reduce_scatter: vec![(8, ReduceScatterAlgo::Ring), (16 << 10, ReduceScatterAlgo::RecursiveHalving)],
             reduce_scatter_alternatives: vec![(16 << 10, vec![ReduceScatterAlgo::Ring])],
-            ..Measured::default()
+            broadcast: vec![(8, BcastAlgo::Binomial), (64 << 10, BcastAlgo::Binomial)],
+            broadcast_alternatives: vec![(64 << 10, vec![BcastAlgo::Chain, BcastAlgo::ScatterAllgather])],
+            alltoall: vec![(8, AlltoallAlgo::Bruck), (16 << 10, AlltoallAlgo::Pairwise)],
+            alltoall_alternatives: vec![(16 << 10, vec![AlltoallAlgo::Bruck])],
         };
         c.set_tuning(t);
     }
