@@ -9,14 +9,16 @@
 //! after the tuning, and the binomial tree's time is bimodal, so a table fixed at
 //! tuning time lost 0-2 sizes per run by more than 10% (BENCHMARKS.md, session 23);
 //! the allgather and the reduce-scatter lost one size in some runs at 8-16 KiB
-//! blocks (session 24).
+//! blocks (session 24); over shared memory, the table chose the chain for 2-16 MiB
+//! broadcasts in 4 of 5 sweeps where the binomial tree was 1.15-1.31x faster head to
+//! head (session 26).
 //!
 //! How, for the calls of one family and one *class* (the measured size nearest to
 //! theirs), counted in call order on every rank alike:
 //! - The calls go in windows of [`WINDOW`]. In each, the last two may run one of the
 //!   candidates that is not the window's incumbent, the others run the incumbent
 //!   (which, and how often: [`NEAR`], [`FAR_EVERY`]). Only the times of a window's
-//!   last call and third last are kept (per rank, the last [`SAMPLES`] per algorithm,
+//!   last call and third last are kept (per rank, the last [`samples_kept`] per algorithm,
 //!   scaled to the class's size), and only if the call before ran the same
 //!   algorithm, so the incumbent and the alternatives are timed alike.
 //! - The windows go in epochs of 1 to [`MAX_EPOCH`] ([`epoch_windows`]). At the
@@ -191,17 +193,34 @@ pub const ADAPT_MIN_BYTES: usize = 64 << 10;
 /// session 25).
 pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 
-/// Timings kept per rank and algorithm in a class: the median of these is what the
-/// rank sends. An alternative gets one per window it is timed in, the incumbent one
-/// or two. One rank's timings of a 60-80 µs allgather on 4 ranks sharing 2
-/// processors spread over a range (quartile to quartile) as wide as their median,
-/// and with the median of 7 the agreed time of one algorithm moved between 65 and
-/// 113 µs from epoch to epoch: the selection switched on that noise, the algorithm
-/// it left looking slow and the one it took fast. With 21, the sweeps' automatic
-/// allgather missed the best by over 10% (head to head) in 2 cells of 17 runs over
-/// shared memory, against 6 with 7 (BENCHMARKS.md, session 26). The price: a
-/// change of the algorithms' times shows after about 10 windows, not 4.
+/// The most timings kept per rank and algorithm in a class (those of classes of
+/// [`MAX_EPOCH`]-window epochs: see [`samples_kept`]): the median of the kept ones
+/// is what the rank sends. An alternative gets one per window it is timed in, the
+/// incumbent one or two. One rank's timings of a 60-80 µs allgather on 4 ranks
+/// sharing 2 processors spread over a range (quartile to quartile) as wide as their
+/// median, and with the median of 7 the agreed time of one algorithm moved between
+/// 65 and 113 µs from epoch to epoch: the selection switched on that noise, the
+/// algorithm it left looking slow and the one it took fast. With 21, the sweeps'
+/// automatic allgather missed the best by over 10% (head to head) in 2 cells of 17
+/// runs over shared memory, against 6 with 7 (2 of those below the 4 KiB floor,
+/// where the table alone decides; BENCHMARKS.md, session 26).
 pub const SAMPLES: usize = 21;
+
+/// The fewest timings kept per rank and algorithm (classes of one-window epochs).
+pub const FEW_SAMPLES: usize = 7;
+
+/// Timings kept per rank and algorithm in a class of `epoch`-window epochs: three
+/// per window of an epoch, from [`FEW_SAMPLES`] to [`SAMPLES`]. Long epochs are
+/// those of small calls, whose times scatter most, and where more timings were
+/// measured to help; large calls keep the 7 of session 25, which missed no cell of
+/// 1 MiB and more there. A longer memory costs where an algorithm's time changes:
+/// a far alternative gets one timing per [`FAR_EVERY`] windows, and its median moves
+/// only once half of its kept timings are new (with 21, after about 350 windows;
+/// with 7, 130). Over TCP, 3 sweeps of each, alternating: no cell over 1.10 either
+/// way (BENCHMARKS.md, session 26).
+pub fn samples_kept(epoch: u64) -> usize {
+    usize::try_from(3 * epoch).unwrap_or(SAMPLES).clamp(FEW_SAMPLES, SAMPLES)
+}
 
 /// Timings an algorithm needs before its median is sent: with fewer, the others
 /// read it as not timed (and time it again if it is near). Calls of 50-100 µs vary
@@ -384,6 +403,8 @@ struct Class {
     agreed: Times,
     /// Windows per epoch ([`epoch_windows`]).
     epoch: u64,
+    /// Timings kept per slot ([`samples_kept`]).
+    kept: usize,
 }
 
 impl Class {
@@ -395,6 +416,7 @@ impl Class {
             agreements: VecDeque::new(),
             agreed: [0; MAX_CANDIDATES],
             epoch,
+            kept: samples_kept(epoch),
         }
     }
 
@@ -570,7 +592,7 @@ impl Adapt {
         let mut s = self.state.lock();
         if let Some(c) = s.classes.get_mut(&t.class.key()) {
             let q = &mut c.samples[choice.slot];
-            if q.len() == SAMPLES {
+            if q.len() >= c.kept {
                 q.pop_front();
             }
             q.push_back(scaled.max(1));
@@ -825,6 +847,10 @@ mod tests {
         assert_eq!(epoch_windows(AllgatherAlgo::moved(32 << 10, 4)), 4);
         assert_eq!(epoch_windows(ReduceScatterAlgo::moved(128 << 10, 4)), 1);
         assert_eq!(AllreduceAlgo::moved(128 << 10, 4), 128 << 10);
+        // Timings kept: three per window of an epoch, 7 to 21.
+        assert_eq!(samples_kept(MAX_EPOCH), SAMPLES);
+        assert_eq!(samples_kept(4), 12);
+        assert_eq!(samples_kept(1), FEW_SAMPLES);
     }
 
     #[test]
@@ -913,9 +939,9 @@ mod tests {
             drive(&gs, 4 * EPOCH * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
         assert!(ran.iter().zip(0..).all(|(a, k)| (*a == SECOND) == (k % WINDOW >= WINDOW - 2)), "{ran:?}");
         // The runner-up clearly ahead, then clearly behind again: the medians move
-        // once more than half of the last SAMPLES are new (one per window each), and
+        // once more than half of the kept timings are new (one per window each), and
         // the agreement of the epoch after decides the next one.
-        let settle = (SAMPLES as u64 / 2 + 1).div_ceil(EPOCH) + 2;
+        let settle = (samples_kept(EPOCH) as u64 / 2 + 1).div_ceil(EPOCH) + 2;
         drive(&gs, settle * EPOCH * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
         assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), SECOND);
         // Back: the incumbent's median moves first, then the old one's, far until
