@@ -543,8 +543,9 @@ impl<T: LocalTransport> Communicator<T> {
             coll::AlgoPlan::Adaptive(ticket) => {
                 let count = send.len();
                 let sig = move |algo| coll::allgather_signature::<E>(count, algo);
-                let op = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
-                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| traced_all_gather(ctx, send, recv, algo)))
+                Either::Right(adaptive_now(&self.group, ticket, sig, move |ctx, algo| {
+                    traced_all_gather(ctx, send, recv, algo)
+                }))
             }
         }
     }
@@ -924,8 +925,9 @@ impl<T: LocalTransport> Communicator<T> {
                 let sig = move |algo: coll::BcastAlgo| {
                     coll::rooted_signature::<E>(OpKind::Broadcast, count, None, root, algo as u8)
                 };
-                let op = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
-                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| traced_broadcast(ctx, buf, root, algo)))
+                Either::Right(adaptive_now(&self.group, ticket, sig, move |ctx, algo| {
+                    traced_broadcast(ctx, buf, root, algo)
+                }))
             }
         }
     }
@@ -1069,9 +1071,8 @@ impl<T: LocalTransport> Communicator<T> {
             coll::AlgoPlan::Adaptive(ticket) => {
                 let count = recv.len();
                 let sig = move |algo| coll::reduce_scatter_signature::<E>(count, None, op, algo);
-                let unstarted = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
                 let n = self.size();
-                Either::Right(adaptive(unstarted, ticket, sig, move |ctx, algo| {
+                Either::Right(adaptive_now(&self.group, ticket, sig, move |ctx, algo| {
                     traced_reduce_scatter(ctx, send, recv, n, op, algo)
                 }))
             }
@@ -1158,8 +1159,9 @@ impl<T: LocalTransport> Communicator<T> {
             coll::AlgoPlan::Now(algo) => Either::Left(self.all_to_all_with(send, recv, algo)),
             coll::AlgoPlan::Adaptive(ticket) => {
                 let sig = move |algo| alltoall_signature::<E>(block, algo);
-                let op = self.group.unstarted(self.group.reserve(), sig(ticket.first()));
-                Either::Right(adaptive(op, ticket, sig, move |ctx, algo| traced_all_to_all(ctx, send, recv, algo)))
+                Either::Right(adaptive_now(&self.group, ticket, sig, move |ctx, algo| {
+                    traced_all_to_all(ctx, send, recv, algo)
+                }))
             }
         }
     }
@@ -1336,6 +1338,23 @@ where
     run(ctx, choice.algo).await?;
     group.adapt_record(&ticket, &choice, start.elapsed());
     Ok(())
+}
+
+/// [`adaptive`] for a call numbered now, on `group`: the automatic call of a family
+/// whose signature `sig` gives for each algorithm.
+fn adaptive_now<'g, T, A, Fut>(
+    group: &'g Group<T>,
+    ticket: coll::AdaptTicket<A>,
+    sig: impl Fn(A) -> Signature,
+    run: impl FnOnce(coll::OpCtx<'g, T>, A) -> Fut,
+) -> impl Future<Output = Result<()>>
+where
+    T: LocalTransport,
+    A: coll::AlgoFamily,
+    Fut: Future<Output = Result<()>>,
+{
+    let op = group.unstarted(group.reserve(), sig(ticket.first()));
+    adaptive(op, ticket, sig, run)
 }
 
 /// [`adaptive`] for an allreduce.
