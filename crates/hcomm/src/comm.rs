@@ -910,7 +910,10 @@ impl<T: LocalTransport> Communicator<T> {
 /// operation on every rank, and later operations are unaffected.
 impl<T: LocalTransport> Communicator<T> {
     /// Sends `buf` from `root` to every rank (binomial tree; a pipelined chain for
-    /// large messages).
+    /// large messages). Where the adaptive selection decides (see
+    /// [`coll::adapt`]), the root, whose part ends once its data is sent, gets at
+    /// most one epoch of that size's calls (16-128) ahead of the slowest rank's
+    /// calls: its next epoch's first call waits for that rank's timings.
     ///
     /// # Errors
     /// See the impl block; also a root out of range.
