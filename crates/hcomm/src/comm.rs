@@ -911,9 +911,10 @@ impl<T: LocalTransport> Communicator<T> {
 impl<T: LocalTransport> Communicator<T> {
     /// Sends `buf` from `root` to every rank (binomial tree; a pipelined chain for
     /// large messages). Where the adaptive selection decides (see
-    /// [`coll::adapt`]), the root, whose part ends once its data is sent, gets at
-    /// most one epoch of that size's calls (16-128) ahead of the slowest rank's
-    /// calls: its next epoch's first call waits for that rank's timings.
+    /// [`coll::adapt`]), the root, whose part ends once its data is sent, gets
+    /// fewer than two epochs of that size's calls (32-256) ahead of the slowest
+    /// rank's calls: an epoch's first call waits for every rank's timings, posted at
+    /// their first call of the epoch before.
     ///
     /// # Errors
     /// See the impl block; also a root out of range.

@@ -119,6 +119,46 @@ async fn broadcasts_and_alltoalls_adapt_alike() {
     }
 }
 
+/// A root that broadcasts alone gets at most two epochs of the 64 KiB class ahead
+/// (the epochs before the first agreement; over the in-process transport its own
+/// flow control stops the root sooner, after about 2 MiB), then waits; once the
+/// others call too, every broadcast arrives, in order, and the root's calls end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_running_ahead_waits_then_completes() {
+    let n = 3;
+    let mut comms = hcomm::local(n);
+    contested(&mut comms);
+    let e = (MAX_EPOCH * WINDOW) as usize;
+    let calls = 3 * e;
+    let count = COUNTS_64K[0];
+    let data = move |k: usize| (0..count).map(|i| (k * count + i) as f32).collect::<Vec<f32>>();
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut comms = comms.into_iter();
+    let root = comms.next().unwrap();
+    let counter = sent.clone();
+    let root_task = tokio::spawn(async move {
+        for k in 0..calls {
+            let mut buf = data(k);
+            root.broadcast(&mut buf, 0).await.unwrap_or_else(|e| panic!("root, call {k}: {e}"));
+            counter.store(k + 1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    // Alone, the root gets no further than epochs 0 and 1, which the table decides.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let alone = sent.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(alone > 0 && alone <= 2 * e, "the root made {alone} calls alone");
+    let others = join_all(comms.map(|c| async move {
+        for k in 0..calls {
+            let mut buf = vec![0.0f32; count];
+            c.broadcast(&mut buf, 0).await.unwrap_or_else(|e| panic!("rank {}, call {k}: {e}", c.rank()));
+            assert!(buf == data(k), "rank {}, call {k}: not the root's data", c.rank());
+        }
+    }));
+    let (root, _) = tokio::join!(root_task, others);
+    root.unwrap();
+    assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), calls);
+}
+
 /// Over TCP, whose links carry the timings lazily (with the next data write, or
 /// after a short delay): past the first decision, with the rank order of arrival
 /// varied by running ranks as tasks of one runtime.
