@@ -10,8 +10,8 @@
 //! tuning time lost 0-2 sizes per run by more than 10% (BENCHMARKS.md, session 23);
 //! the allgather and the reduce-scatter lost one size in some runs at 8-16 KiB
 //! blocks (session 24); over shared memory, the table chose the chain for 2-16 MiB
-//! broadcasts in 4 of 5 sweeps where the binomial tree was 1.15-1.31x faster head to
-//! head (session 26).
+//! broadcasts where the binomial tree was 1.13-1.31x faster head to head, in 10 cells
+//! of 17 sweeps (session 26).
 //!
 //! How, for the calls of one family and one *class* (the measured size nearest to
 //! theirs), counted in call order on every rank alike:
@@ -197,9 +197,9 @@ pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 /// [`MAX_EPOCH`]-window epochs: see [`samples_kept`]): the median of the kept ones
 /// is what the rank sends. An alternative gets one per window it is timed in, the
 /// incumbent one or two. One rank's timings of a 60-80 µs allgather on 4 ranks
-/// sharing 2 processors spread over a range (quartile to quartile) as wide as their
-/// median, and with the median of 7 the agreed time of one algorithm moved between
-/// 65 and 113 µs from epoch to epoch: the selection switched on that noise, the
+/// sharing 2 processors spread over a range (quartile to quartile) nearly as wide as
+/// their median, and with the median of 7 the agreed time of one algorithm moved
+/// between 62 and 113 µs from epoch to epoch: the selection switched on that noise, the
 /// algorithm it left looking slow and the one it took fast. With 21, the sweeps'
 /// automatic allgather missed the best by over 10% (head to head) in 2 cells of 17
 /// runs over shared memory, against 6 with 7 (2 of those below the 4 KiB floor,
