@@ -403,8 +403,6 @@ struct Class {
     agreed: Times,
     /// Windows per epoch ([`epoch_windows`]).
     epoch: u64,
-    /// Timings kept per slot ([`samples_kept`]).
-    kept: usize,
 }
 
 impl Class {
@@ -416,7 +414,6 @@ impl Class {
             agreements: VecDeque::new(),
             agreed: [0; MAX_CANDIDATES],
             epoch,
-            kept: samples_kept(epoch),
         }
     }
 
@@ -592,7 +589,7 @@ impl Adapt {
         let mut s = self.state.lock();
         if let Some(c) = s.classes.get_mut(&t.class.key()) {
             let q = &mut c.samples[choice.slot];
-            if q.len() >= c.kept {
+            if q.len() >= samples_kept(c.epoch) {
                 q.pop_front();
             }
             q.push_back(scaled.max(1));

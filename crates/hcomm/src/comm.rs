@@ -1075,9 +1075,8 @@ impl<T: LocalTransport> Communicator<T> {
             coll::AlgoPlan::Adaptive(ticket) => {
                 let count = recv.len();
                 let sig = move |algo| coll::reduce_scatter_signature::<E>(count, None, op, algo);
-                let n = self.size();
                 Either::Right(adaptive_now(&self.group, ticket, sig, move |ctx, algo| {
-                    traced_reduce_scatter(ctx, send, recv, n, op, algo)
+                    traced_reduce_scatter(ctx, send, recv, op, algo)
                 }))
             }
         }
@@ -1099,7 +1098,7 @@ impl<T: LocalTransport> Communicator<T> {
         algo: coll::ReduceScatterAlgo,
     ) -> impl Future<Output = Result<()>> + 'a {
         let ctx = self.group.begin(coll::reduce_scatter_signature::<E>(recv.len(), None, op, algo));
-        traced_reduce_scatter(ctx, send, recv, self.size(), op, algo)
+        traced_reduce_scatter(ctx, send, recv, op, algo)
     }
 
     /// [`Communicator::reduce_scatter`] with per-rank block sizes: block `g` has
@@ -1402,17 +1401,16 @@ fn traced_all_gather<'a, T: LocalTransport, E: Element>(
     coll::allgather(ctx, send, recv, algo).instrument(span)
 }
 
-/// The reduce-scatter of `ctx` (equal blocks of `recv.len()` over `n` ranks) by
+/// The reduce-scatter of `ctx` (equal blocks of `recv.len()`, one per rank) by
 /// `algo`, in its `tracing` span.
 fn traced_reduce_scatter<'a, T: LocalTransport, E: Element>(
     ctx: coll::OpCtx<'a, T>,
     send: &'a [E],
     recv: &'a mut [E],
-    n: usize,
     op: ReduceOp,
     algo: coll::ReduceScatterAlgo,
 ) -> impl Future<Output = Result<()>> + 'a {
-    let counts = vec![recv.len(); n];
+    let counts = vec![recv.len(); ctx.group().size()];
     let span = tracing::debug_span!("reduce_scatter", seq = ctx.seq(), count = recv.len(), dtype = %E::DTYPE, %op, algo = algo.name());
     async move { coll::reduce_scatter(ctx, send, recv, &counts, op, algo).await }.instrument(span)
 }
