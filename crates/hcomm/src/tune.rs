@@ -513,14 +513,41 @@ fn record(pass: usize, first: &mut [f64], later: &mut [f64], set: &[usize], time
 /// head to head there (BENCHMARKS.md, session 19).
 const TIE: f64 = 1.03;
 
-/// The fastest algorithm at each size: the fastest in `times` at that size, unless
-/// others come within [`TIE`] of it; then, among those, the best of the times
-/// relative to the best at each size, smoothed with both neighbouring sizes
-/// (weights 1, 4, 1), which a shared machine's noise is more likely to have decided
-/// than the algorithms. An algorithm left out at a neighbouring size (infinite in
-/// `times` there) counts with its time relative to the best in `first` (the first
-/// pass, which timed every algorithm), so that being far behind there counts
-/// against it rather than not at all.
+/// How far above the smallest sizes' best time the best at a size may be for that size
+/// to count as latency bound, where [`fastest`] pools the sizes around.
+///
+/// Below that, the bytes are under a fifth of an operation's time, and the algorithms
+/// differ by their steps and their pattern of peers, which do not change with the
+/// size; a lead that comes and goes from one size to the next there is the machine's
+/// noise. On 4 ranks over shared memory, recursive doubling's allgather was ahead of
+/// Bruck's at every size from 8 B to 32 KiB blocks in six sweeps (Bruck's 1.02-1.25x
+/// its time, 78 cells of 3 runs each), while the tuner's duels of 80-160 rounds at
+/// each size put Bruck's ahead at 4 of the 54 sizes below 4 KiB, and the selection
+/// then took 1.10-1.21x the best there (BENCHMARKS.md, session 27).
+const FLAT: f64 = 1.25;
+
+/// How many sizes on either side of a latency-bound size (see [`FLAT`]) weigh as much
+/// as the size itself in its choice. Two, on the default grid of doubling sizes: a
+/// factor of 4 either way.
+const POOL: usize = 2;
+
+/// The fastest algorithm at each size.
+///
+/// Where the size is latency bound (its best first-pass time within [`FLAT`] of the
+/// least best time at any size up to it, in the run of such sizes from the smallest),
+/// the algorithm with the least mean time relative to each size's best over the
+/// latency-bound sizes within [`POOL`] of it: there one size's lead is noise unless
+/// its neighbours show it too.
+///
+/// Elsewhere the fastest in `times` at that size, unless others come within [`TIE`]
+/// of it; then, among those, the best of the times relative to the best at each size,
+/// smoothed with both neighbouring sizes (weights 1, 4, 1), which a shared machine's
+/// noise is more likely to have decided than the algorithms.
+///
+/// An algorithm left out at another size (infinite in `times` there) counts with its
+/// time relative to the best in `first` (the first pass, which timed every algorithm),
+/// so that being far behind there counts against it rather than not at all. Only
+/// algorithms `times` has at a size are chosen there.
 fn fastest<A: Copy>(sizes: &[usize], times: &[Vec<f64>], first: &[Vec<f64>], algos: &[A]) -> Vec<(usize, A)> {
     let relative = |t: &Vec<f64>| -> Vec<f64> {
         let best = t.iter().copied().fold(f64::INFINITY, f64::min).max(f64::MIN_POSITIVE);
@@ -528,24 +555,40 @@ fn fastest<A: Copy>(sizes: &[usize], times: &[Vec<f64>], first: &[Vec<f64>], alg
     };
     let rel: Vec<Vec<f64>> = times.iter().map(relative).collect();
     let rel_first: Vec<Vec<f64>> = first.iter().map(relative).collect();
+    let at = |j: usize, a: usize| {
+        let r = rel.get(j)?[a];
+        if r.is_finite() { Some(r) } else { rel_first.get(j).map(|f| f[a]).filter(|f| f.is_finite()) }
+    };
+    // The latency-bound sizes: a run from the smallest.
+    let mut least = f64::INFINITY;
+    let flat = first
+        .iter()
+        .take_while(|t| {
+            let best = t.iter().copied().fold(f64::INFINITY, f64::min);
+            least = least.min(best);
+            best.is_finite() && best <= least * FLAT
+        })
+        .count();
     (0..sizes.len())
         .map(|i| {
-            let at = |j: usize, a: usize| {
-                let r = rel.get(j)?[a];
-                if r.is_finite() { Some(r) } else { rel_first.get(j).map(|f| f[a]).filter(|f| f.is_finite()) }
+            let (window, own, tie): (Vec<usize>, f64, f64) = if i < flat && flat > 1 {
+                ((i.saturating_sub(POOL)..(i + POOL + 1).min(flat)).collect(), 1.0, f64::MAX)
+            } else {
+                ([i.wrapping_sub(1), i, i + 1].into_iter().filter(|&j| j < sizes.len()).collect(), 4.0, TIE)
             };
             let score = |a: usize| {
-                let (mut sum, mut weight) = (4.0 * rel[i][a], 4.0);
-                for j in [i.wrapping_sub(1), i + 1] {
+                let (mut sum, mut weight) = (0.0, 0.0);
+                for &j in &window {
                     if let Some(r) = at(j, a) {
-                        sum += r;
-                        weight += 1.0;
+                        let w = if j == i { own } else { 1.0 };
+                        sum += w * r;
+                        weight += w;
                     }
                 }
                 sum / weight
             };
             let best = (0..algos.len())
-                .filter(|&a| rel[i][a] <= TIE)
+                .filter(|&a| rel[i][a] <= tie)
                 .min_by(|&x, &y| score(x).total_cmp(&score(y)))
                 .expect("a family has algorithms, and the fastest is within TIE of itself");
             (sizes[i], algos[best])
@@ -556,6 +599,12 @@ fn fastest<A: Copy>(sizes: &[usize], times: &[Vec<f64>], first: &[Vec<f64>], alg
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `rows` with each size's times twice the size before's, as where the bytes
+    /// dominate (no size latency bound but the first, see `FLAT`).
+    fn growing(rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        rows.iter().enumerate().map(|(i, r)| r.iter().map(|t| t * f64::from(1u32 << i)).collect()).collect()
+    }
 
     #[test]
     fn knockout_keeps_the_winner_of_each_duel() {
@@ -593,8 +642,10 @@ mod tests {
         // tree's sizes): its own size decides.
         let mut times =
             vec![vec![1.0, 2.0], vec![1.0, 2.0], vec![1.3, 1.0], vec![1.0, 2.0], vec![3.0, 1.0], vec![3.0, 1.0]];
-        let picks =
-            |t: &[Vec<f64>]| -> Vec<usize> { fastest(&sizes, t, t, &[0, 1]).into_iter().map(|p| p.1).collect() };
+        let picks = |t: &[Vec<f64>]| -> Vec<usize> {
+            let t = growing(t);
+            fastest(&sizes, &t, &t, &[0, 1]).into_iter().map(|p| p.1).collect()
+        };
         assert_eq!(picks(&times), vec![0, 0, 1, 0, 1, 1]);
         // Within TIE of each other, the neighbours decide: a 2% lead at 32 against
         // 2x at both sizes around is more likely noise.
@@ -608,12 +659,52 @@ mod tests {
         // Left out of the later pass at a neighbouring size (infinite there), an
         // algorithm counts with the first pass's time there: 2x the best at 8
         // outweighs its 2% lead at 16.
-        let later = vec![vec![f64::INFINITY, 1.0], vec![1.0, 1.02]];
-        let first = vec![vec![2.0, 1.0], vec![1.0, 1.02]];
+        let later = growing(&[vec![f64::INFINITY, 1.0], vec![1.0, 1.02]]);
+        let first = growing(&[vec![2.0, 1.0], vec![1.0, 1.02]]);
         assert_eq!(fastest(&[8, 16], &later, &first, &[0, 1]), vec![(8, 1), (16, 1)]);
         // Without a first-pass time either, the neighbour says nothing.
-        let first = vec![vec![f64::INFINITY, 1.0], vec![1.0, 1.02]];
+        let first = growing(&[vec![f64::INFINITY, 1.0], vec![1.0, 1.02]]);
         assert_eq!(fastest(&[8, 16], &later, &first, &[0, 1]), vec![(8, 1), (16, 0)]);
+    }
+
+    #[test]
+    fn latency_bound_sizes_pool_their_neighbours() {
+        let sizes = [8, 16, 32, 64, 128, 256, 512];
+        // Algorithm 1 is 8% behind 0 at every size but 32, where noise put it 10%
+        // ahead; the times hardly grow to 128 (latency bound), then double.
+        let mut times = vec![vec![1.0, 1.08]; 7];
+        times[2] = vec![1.1, 1.0];
+        times[4] = vec![1.2, 1.3];
+        times[5] = vec![2.0, 2.1];
+        times[6] = vec![4.0, 8.0];
+        let picks =
+            |t: &[Vec<f64>]| -> Vec<usize> { fastest(&sizes, t, t, &[0, 1]).into_iter().map(|p| p.1).collect() };
+        // Alone, 32 would go to 1; pooled with 8-128 it goes to 0.
+        assert_eq!(picks(&times), vec![0; 7]);
+        // A lead that holds over the sizes around wins there: 1 ahead from 32 on.
+        for t in &mut times[2..5] {
+            *t = vec![t[0] * 1.1, t[0]];
+        }
+        assert_eq!(picks(&times), vec![0, 1, 1, 1, 1, 0, 0]);
+        // Beyond the latency-bound run (256 is 2x the least best time) the size and
+        // its neighbours decide as before, even where 1 leads at 128.
+        times[5] = vec![2.1, 2.0];
+        assert_eq!(picks(&times)[5], 1);
+        // An algorithm not timed at a size (infinite) is not chosen there, however
+        // the sizes around pool.
+        let mut t = vec![vec![1.0, 1.2]; 3];
+        t[1] = vec![f64::INFINITY, 1.0];
+        assert_eq!(fastest(&[8, 16, 32], &t, &vec![vec![1.0, 1.2]; 3], &[0, 1]), vec![(8, 0), (16, 1), (32, 0)]);
+        // A first size slower than those after it (a cold start) does not stretch the
+        // run: the least time so far is the reference, so 128 B (2.0, 2x the least)
+        // decides alone, where pooled with the sizes before it would go to 0.
+        let t = vec![vec![3.0, 3.3], vec![1.0, 1.1], vec![1.0, 1.1], vec![1.0, 1.1], vec![2.1, 2.0]];
+        assert_eq!(picks_of(&t), vec![0, 0, 0, 0, 1]);
+    }
+
+    fn picks_of(t: &[Vec<f64>]) -> Vec<usize> {
+        let sizes: Vec<usize> = (0..t.len()).map(|i| 8 << i).collect();
+        fastest(&sizes, t, t, &[0, 1]).into_iter().map(|p| p.1).collect()
     }
 
     #[test]
@@ -639,15 +730,16 @@ mod tests {
     #[test]
     fn alternatives_are_those_within_range_of_the_first_pass_best() {
         let mut f = Family::new("allreduce", &['a', 'b', 'c'], &[8, 16, 32]);
-        f.first = vec![vec![1.0, 1.2, 3.0], vec![1.0, 1.6, 1.45], vec![2.0, 1.0, f64::INFINITY]];
+        f.first = growing(&[vec![1.0, 1.2, 3.0], vec![1.0, 1.6, 1.45], vec![2.0, 1.0, f64::INFINITY]]);
         // One pass: its times decide. At 8, b is within 1.5x (c is not); at 16, c
         // only; at 32 the choice is b and a is 2x behind.
         assert_eq!(f.table(1), vec![(8, 'a'), (16, 'a'), (32, 'b')]);
         assert_eq!(f.alternatives(&f.table(1)), vec![(8, vec!['b']), (16, vec!['c'])]);
         // Where the later passes chose another, the first pass's best is an
         // alternative, and the others by their first-pass times.
-        f.first[1] = vec![1.0, 1.1, 1.05];
-        f.later = vec![vec![2.0, 2.2, f64::INFINITY], vec![2.1, f64::INFINITY, 2.0], vec![2.1, 2.0, f64::INFINITY]];
+        f.first[1] = vec![2.0, 2.2, 2.1];
+        f.later =
+            growing(&[vec![2.0, 2.2, f64::INFINITY], vec![2.1, f64::INFINITY, 2.0], vec![2.1, 2.0, f64::INFINITY]]);
         assert_eq!(f.table(2), vec![(8, 'a'), (16, 'c'), (32, 'b')]);
         assert_eq!(f.alternatives(&f.table(2)), vec![(8, vec!['b']), (16, vec!['a', 'b'])]);
     }
