@@ -523,21 +523,24 @@ const TIE: f64 = 1.03;
 /// Bruck's at every size from 8 B to 32 KiB blocks in six sweeps (Bruck's 1.02-1.25x
 /// its time, 78 cells of 3 runs each), while the tuner's duels of 80-160 rounds at
 /// each size put Bruck's ahead at 4 of the 54 sizes below 4 KiB, and the selection
-/// then took 1.10-1.21x the best there (BENCHMARKS.md, session 27).
+/// then took 1.10-1.21x the best there. The tuner's noise comes in phases longer
+/// than one size's duel: in one run Bruck's led at 256 and 512 B (by 9-10%) and
+/// trailed by 9-15% at 1-4 KiB, so that pooling two sizes either way still chose it
+/// at 1 KiB; pooling the whole run chose recursive doubling at every size below
+/// 32 KiB in the 23 tuners' timings replayed (BENCHMARKS.md, session 27).
+///
+/// The crossovers seen so far lie well above the run (the alltoall's Bruck and
+/// pairwise exchange at 32-64 KiB blocks on shared memory, where the times have
+/// doubled): one inside it would be missed, at sizes where the times differ by
+/// little.
 const FLAT: f64 = 1.25;
-
-/// How many sizes on either side of a latency-bound size (see [`FLAT`]) weigh as much
-/// as the size itself in its choice. Two, on the default grid of doubling sizes: a
-/// factor of 4 either way.
-const POOL: usize = 2;
 
 /// The fastest algorithm at each size.
 ///
 /// Where the size is latency bound (its best first-pass time within [`FLAT`] of the
 /// least best time at any size up to it, in the run of such sizes from the smallest),
-/// the algorithm with the least mean time relative to each size's best over the
-/// latency-bound sizes within [`POOL`] of it: there one size's lead is noise unless
-/// its neighbours show it too.
+/// the algorithm with the least mean time relative to each size's best over all the
+/// latency-bound sizes: there one size's lead is noise unless the others show it too.
 ///
 /// Elsewhere the fastest in `times` at that size, unless others come within [`TIE`]
 /// of it; then, among those, the best of the times relative to the best at each size,
@@ -572,7 +575,7 @@ fn fastest<A: Copy>(sizes: &[usize], times: &[Vec<f64>], first: &[Vec<f64>], alg
     (0..sizes.len())
         .map(|i| {
             let (window, own, tie): (Vec<usize>, f64, f64) = if i < flat && flat > 1 {
-                ((i.saturating_sub(POOL)..(i + POOL + 1).min(flat)).collect(), 1.0, f64::MAX)
+                ((0..flat).collect(), 1.0, f64::MAX)
             } else {
                 ([i.wrapping_sub(1), i, i + 1].into_iter().filter(|&j| j < sizes.len()).collect(), 4.0, TIE)
             };
@@ -681,11 +684,11 @@ mod tests {
             |t: &[Vec<f64>]| -> Vec<usize> { fastest(&sizes, t, t, &[0, 1]).into_iter().map(|p| p.1).collect() };
         // Alone, 32 would go to 1; pooled with 8-128 it goes to 0.
         assert_eq!(picks(&times), vec![0; 7]);
-        // A lead that holds over the sizes around wins there: 1 ahead from 32 on.
+        // A lead over most of the run wins all of it: 1 ahead from 32 on.
         for t in &mut times[2..5] {
             *t = vec![t[0] * 1.1, t[0]];
         }
-        assert_eq!(picks(&times), vec![0, 1, 1, 1, 1, 0, 0]);
+        assert_eq!(picks(&times), vec![1, 1, 1, 1, 1, 0, 0]);
         // Beyond the latency-bound run (256 is 2x the least best time) the size and
         // its neighbours decide as before, even where 1 leads at 128.
         times[5] = vec![2.1, 2.0];
@@ -700,6 +703,8 @@ mod tests {
         // decides alone, where pooled with the sizes before it would go to 0.
         let t = vec![vec![3.0, 3.3], vec![1.0, 1.1], vec![1.0, 1.1], vec![1.0, 1.1], vec![2.1, 2.0]];
         assert_eq!(picks_of(&t), vec![0, 0, 0, 0, 1]);
+        // One latency-bound size alone decides as any other.
+        assert_eq!(picks_of(&[vec![1.0, 1.02], vec![4.0, 2.0]]), vec![1, 1]);
     }
 
     fn picks_of(t: &[Vec<f64>]) -> Vec<usize> {
