@@ -537,8 +537,8 @@ const FLAT: f64 = 1.25;
 
 /// The fastest algorithm at each size.
 ///
-/// Where the size is latency bound (its best first-pass time within [`FLAT`] of the
-/// least best time at any size up to it, in the run of such sizes from the smallest),
+/// Where the size is latency bound (from the smallest size to the last whose best
+/// first-pass time is within [`FLAT`] of the least best time at any size up to it),
 /// the algorithm with the least mean time relative to each size's best over all the
 /// latency-bound sizes: there one size's lead is noise unless the others show it too.
 ///
@@ -562,16 +562,16 @@ fn fastest<A: Copy>(sizes: &[usize], times: &[Vec<f64>], first: &[Vec<f64>], alg
         let r = rel.get(j)?[a];
         if r.is_finite() { Some(r) } else { rel_first.get(j).map(|f| f[a]).filter(|f| f.is_finite()) }
     };
-    // The latency-bound sizes: a run from the smallest.
-    let mut least = f64::INFINITY;
-    let flat = first
-        .iter()
-        .take_while(|t| {
-            let best = t.iter().copied().fold(f64::INFINITY, f64::min);
-            least = least.min(best);
-            best.is_finite() && best <= least * FLAT
-        })
-        .count();
+    // The latency-bound sizes: from the smallest to the last within FLAT of the least
+    // best time up to it (one noisy size between does not cut the run).
+    let (mut least, mut flat) = (f64::INFINITY, 0);
+    for (i, t) in first.iter().enumerate() {
+        let best = t.iter().copied().fold(f64::INFINITY, f64::min);
+        least = least.min(best);
+        if best.is_finite() && best <= least * FLAT {
+            flat = i + 1;
+        }
+    }
     (0..sizes.len())
         .map(|i| {
             let (window, own, tie): (Vec<usize>, f64, f64) = if i < flat && flat > 1 {
@@ -703,6 +703,10 @@ mod tests {
         // decides alone, where pooled with the sizes before it would go to 0.
         let t = vec![vec![3.0, 3.3], vec![1.0, 1.1], vec![1.0, 1.1], vec![1.0, 1.1], vec![2.1, 2.0]];
         assert_eq!(picks_of(&t), vec![0, 0, 0, 0, 1]);
+        // A noisy size within the run (1.4x at 32 B) does not cut it: 32-128 B pool
+        // with 8-16 B, where 0 leads.
+        let t = vec![vec![1.0, 1.1], vec![1.0, 1.1], vec![1.4, 1.45], vec![1.0, 1.02], vec![1.02, 1.0], vec![4.0, 3.0]];
+        assert_eq!(picks_of(&t), vec![0, 0, 0, 0, 0, 1]);
         // One latency-bound size alone decides as any other.
         assert_eq!(picks_of(&[vec![1.0, 1.02], vec![4.0, 2.0]]), vec![1, 1]);
     }
