@@ -16,7 +16,9 @@
 //! each timed run after an untimed run of the same column (`--unprimed`: without it, for
 //! the tuner too; see `TuneOptions::primed`).
 //! `--confirm` then times the automatic choice against the best forced column head to
-//! head wherever its algorithm differs or it took over 1.10x (see `duels`). f32 data,
+//! head wherever its algorithm differs or it took over 1.10x (see `duels`; medians of
+//! `--duel-blocks` blocks, 5 by default; `--aa` also times the best against itself
+//! alike, the duels' own noise). f32 data,
 //! sum. `RUST_LOG=hcomm::tune=debug` logs (on stderr) each timing the tuner makes
 //! (`tune timed`: family, size, pass, algorithms, the slowest rank's median times);
 //! `RUST_LOG=hcomm::adapt=debug` each switch of the adaptive selection, and
@@ -74,6 +76,14 @@ struct Args {
     /// wherever they differ (see [`duels`]).
     #[arg(long)]
     confirm: bool,
+    /// Blocks each duel of `--confirm` takes the median of.
+    #[arg(long, default_value_t = 5)]
+    duel_blocks: usize,
+    /// With `--confirm`, also duel the best forced algorithm against itself at each
+    /// contested cell, in blocks alike: what the same code measures in both columns,
+    /// the duels' own noise in the same minutes.
+    #[arg(long)]
+    aa: bool,
     /// Time each column right after whichever column ran before it in the round's
     /// shuffle, instead of after an untimed run of its own; the tuner likewise.
     #[arg(long)]
@@ -307,56 +317,84 @@ struct Contested {
 
 /// Times, for every contested cell, the automatic choice (which, for an allreduce
 /// the adaptive selection decides, keeps timing and may switch as it runs) against
-/// the sweep's best alone, head to head: `max(runs, 3)` blocks of three times the sweep's rounds, each round running
-/// the two in a shuffled order after a barrier. Two columns instead of four or five
-/// give each three to five times the sweep's samples in the same minutes, and their
-/// rounds sit closer in time, so the machine's phases fall on both alike. Every cell
-/// where the pick is not the best is timed, not only those over 10% in the sweep, so
-/// that the duels can move a cell either way.
+/// the sweep's best alone, head to head: `--duel-blocks` blocks of three times the
+/// sweep's rounds, each round running the two in a shuffled order after a barrier.
+/// Two columns instead of four or five give each three to five times the sweep's
+/// samples in the same minutes, and their rounds sit closer in time, so the machine's
+/// phases fall on both alike. Every cell where the pick is not the best is timed, not
+/// only those over 10% in the sweep, so that the duels can move a cell either way.
+///
+/// The median of blocks, not of every round: a block's ratio is of two medians
+/// taken in the same minute, and the blocks spread over the run. With 3 blocks the
+/// same code in both columns (below the selection's floors, where the automatic
+/// choice is the table's) measured 1.11-1.17 in 6 of 22 sweeps over shared memory
+/// (BENCHMARKS.md, session 26); `--aa` measures that spread beside each duel.
 async fn duels<T: LocalTransport>(comm: &Communicator<T>, a: &Args, contested: &[Contested]) -> Result<(), String> {
-    let blocks = a.runs.max(3);
-    let mut results = Vec::with_capacity(contested.len());
-    for c in contested {
+    let blocks = a.duel_blocks.max(1);
+    let duel = async |cols: [Option<usize>; 2], c: &Contested| -> Result<Vec<f64>, String> {
         let iters = 3 * rounds(c.op, comm.size(), c.bytes);
         let mut ratios = Vec::with_capacity(blocks);
         for _ in 0..blocks {
-            let ms = timed(comm, a, c.op, c.bytes, &[None, Some(c.best)], iters).await?;
+            let ms = timed(comm, a, c.op, c.bytes, &cols, iters).await?;
             ratios.push(ms[0] / ms[1]);
         }
         ratios.sort_by(f64::total_cmp);
-        results.push(ratios);
+        Ok(ratios)
+    };
+    let mut results = Vec::with_capacity(contested.len());
+    for c in contested {
+        let auto = duel([None, Some(c.best)], c).await?;
+        let same = if a.aa { Some(duel([Some(c.best), Some(c.best)], c).await?) } else { None };
+        results.push((auto, same));
     }
     if comm.rank() != 0 {
         return Ok(());
     }
     println!(
-        "\nduels: {} ranks, auto against the sweep's best where the pick differs or auto took over 1.10x, {blocks} blocks of 3x the sweep's rounds\n",
-        comm.size()
+        "\nduels: {} ranks, auto against the sweep's best where the pick differs or auto took over 1.10x, {blocks} blocks of 3x the sweep's rounds{}\n",
+        comm.size(),
+        if a.aa { "; beside it, the best against itself alike" } else { "" }
     );
-    println!(
-        "| collective | bytes | pick at the sweep's end | sweep's best | auto / best in the sweep | head to head auto / best: median of blocks | blocks' range |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for (c, r) in contested.iter().zip(&results) {
-        let name = c.op.name();
-        let algos = c.op.algos();
+    let median = |r: &[f64]| r[r.len() / 2];
+    let range = |r: &[f64]| format!("{:.2}-{:.2}", r[0], r[r.len() - 1]);
+    if a.aa {
         println!(
-            "| {name} | {} | {} | {} | {:.2} | {:.2} | {:.2}-{:.2} |",
+            "| collective | bytes | pick at the sweep's end | sweep's best | auto / best in the sweep | head to head auto / best: median of blocks | blocks' range | best / itself: median of blocks | blocks' range |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
+    } else {
+        println!(
+            "| collective | bytes | pick at the sweep's end | sweep's best | auto / best in the sweep | head to head auto / best: median of blocks | blocks' range |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+    }
+    for (c, (r, same)) in contested.iter().zip(&results) {
+        let algos = c.op.algos();
+        let aa = same.as_ref().map(|s| format!(" {:.2} | {} |", median(s), range(s))).unwrap_or_default();
+        println!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {} |{aa}",
+            c.op.name(),
             c.bytes,
             algos[c.pick],
             algos[c.best],
             c.sweep,
-            r[r.len() / 2],
-            r[0],
-            r[r.len() - 1]
+            median(r),
+            range(r),
         );
     }
     let over = |x: f64| x > 1.10;
     println!(
-        "\ncontested cells: {}; over 1.10 in the sweep: {}; over 1.10 head to head: {}",
+        "\ncontested cells: {}; over 1.10 in the sweep: {}; over 1.10 head to head: {}{}",
         contested.len(),
         contested.iter().filter(|c| over(c.sweep)).count(),
-        results.iter().filter(|r| over(r[r.len() / 2])).count()
+        results.iter().filter(|(r, _)| over(median(r))).count(),
+        if a.aa {
+            let same: Vec<f64> = results.iter().filter_map(|(_, s)| s.as_deref().map(median)).collect();
+            let (lo, hi) = same.iter().fold((f64::INFINITY, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+            if same.is_empty() { String::new() } else { format!("; the best against itself: {lo:.2}-{hi:.2}") }
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }
