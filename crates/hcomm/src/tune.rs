@@ -519,15 +519,16 @@ const TIE: f64 = 1.03;
 /// Below that, the bytes are under a fifth of an operation's time, and the algorithms
 /// differ by their steps and their pattern of peers, which do not change with the
 /// size; a lead that comes and goes from one size to the next there is the machine's
-/// noise. On 4 ranks over shared memory, recursive doubling's allgather was ahead of
-/// Bruck's at every size from 8 B to 32 KiB blocks in six sweeps (Bruck's 1.02-1.25x
-/// its time, 78 cells of 3 runs each), while the tuner's duels of 80-160 rounds at
-/// each size put Bruck's ahead at 4 of the 54 sizes below 4 KiB, and the selection
-/// then took 1.10-1.21x the best there. The tuner's noise comes in phases longer
-/// than one size's duel: in one run Bruck's led at 256 and 512 B (by 9-10%) and
-/// trailed by 9-15% at 1-4 KiB, so that pooling two sizes either way still chose it
-/// at 1 KiB; pooling the whole run chose recursive doubling at every size below
-/// 32 KiB in the 23 tuners' timings replayed (BENCHMARKS.md, session 27).
+/// noise. On 4 ranks over shared memory, Bruck's allgather took 0.93-1.39x recursive
+/// doubling's time (median 1.10) at 8 B-32 KiB blocks in 42 sweeps, more in 536 of
+/// the 546 cells, while the tuner's duels of 80-160 rounds at each size put another
+/// ahead at 24 of 216 sizes below 4 KiB in 24 of those runs, and the selection then
+/// took up to 1.21x the best there.
+/// The tuner's noise comes in phases longer than one size's duel: in one run Bruck's
+/// led at 256 and 512 B (by 9-10%) and trailed by 9-15% at 1-4 KiB. Replaying 38
+/// tuners' timings, a choice per size picked another than recursive doubling at 36
+/// of 342 sizes below 4 KiB, pooling two sizes either way at 7, and pooling the whole
+/// run at none (BENCHMARKS.md, session 27).
 ///
 /// The crossovers seen so far lie well above the run (the alltoall's Bruck and
 /// pairwise exchange at 32-64 KiB blocks on shared memory, where the times have
