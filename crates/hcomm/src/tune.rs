@@ -176,7 +176,8 @@ pub fn tune_sizes(max_bytes: usize, step: usize) -> Vec<usize> {
 impl<T: LocalTransport> Communicator<T> {
     /// Times every algorithm of allreduce, broadcast, allgather, reduce-scatter and
     /// alltoall at sizes from 8 bytes to `opts.max_bytes` (f32 sum), keeps the fastest
-    /// at each size and uses that table for automatic selection from now on (forced
+    /// at each size (over the small sizes whose times hardly grow, the fastest over all
+    /// of them: there one size's lead is the machine's noise) and uses that table for automatic selection from now on (forced
     /// algorithms, per call or by environment, still win). The algorithms take turns
     /// within each round, each after a barrier (and after an untimed run of its own,
     /// see [`TuneOptions::primed`]); an algorithm's time is the median over rounds of
@@ -501,7 +502,8 @@ fn record(pass: usize, first: &mut [f64], later: &mut [f64], set: &[usize], time
 }
 
 /// How near an algorithm's time at a size must be to the best there for the
-/// neighbouring sizes to have a say ([`fastest`]).
+/// neighbouring sizes to have a say, above the latency-bound run (see [`FLAT`] and
+/// [`fastest`]).
 ///
 /// The choice was once the best of times smoothed over both neighbouring sizes
 /// (weights 1, 4, 1) for every algorithm, on the view that the curves are smooth in
