@@ -28,8 +28,9 @@
 //!   Its result, the slowest rank's median per algorithm, is the same on every rank.
 //! - The incumbent of epoch `e` (from 2 on) is that of `e - 1`, unless the
 //!   agreement made at epoch `e - 1`'s start has another candidate [`SWITCH`] times
-//!   faster (then the fastest; [`LEAVE`] times to leave the table's choice). Epochs 0 and 1 take the table's choice. The same
-//!   agreement tells which alternatives epoch `e`'s windows time.
+//!   faster (then the fastest; [`LEAVE`] times to leave the table's choice). Epochs
+//!   0 and 1 take the table's choice. The same agreement tells which alternatives
+//!   epoch `e`'s windows time.
 //!
 //! So every rank runs the same algorithm at the same call without any rank waiting
 //! for a decision: a call of epoch `e` needs the agreement made a whole epoch

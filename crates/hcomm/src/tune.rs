@@ -177,8 +177,9 @@ impl<T: LocalTransport> Communicator<T> {
     /// Times every algorithm of allreduce, broadcast, allgather, reduce-scatter and
     /// alltoall at sizes from 8 bytes to `opts.max_bytes` (f32 sum), keeps the fastest
     /// at each size (over the small sizes whose times hardly grow, the fastest over all
-    /// of them: there one size's lead is the machine's noise) and uses that table for automatic selection from now on (forced
-    /// algorithms, per call or by environment, still win). The algorithms take turns
+    /// of them: there one size's lead is the machine's noise) and uses that table for
+    /// automatic selection from now on (forced algorithms, per call or by environment,
+    /// still win). The algorithms take turns
     /// within each round, each after a barrier (and after an untimed run of its own,
     /// see [`TuneOptions::primed`]); an algorithm's time is the median over rounds of
     /// the slowest rank's, so every rank decides alike. Passes after the
@@ -516,7 +517,7 @@ fn record(pass: usize, first: &mut [f64], later: &mut [f64], set: &[usize], time
 const TIE: f64 = 1.03;
 
 /// How far above the smallest sizes' best time the best at a size may be for that size
-/// to count as latency bound, where [`fastest`] pools the sizes around.
+/// to count as latency bound, where [`fastest`] pools the run of such sizes.
 ///
 /// Below that, the bytes are under a fifth of an operation's time, and the algorithms
 /// differ by their steps and their pattern of peers, which do not change with the
@@ -674,7 +675,7 @@ mod tests {
     }
 
     #[test]
-    fn latency_bound_sizes_pool_their_neighbours() {
+    fn latency_bound_sizes_decide_together() {
         let sizes = [8, 16, 32, 64, 128, 256, 512];
         // Algorithm 1 is 8% behind 0 at every size but 32, where noise put it 10%
         // ahead; the times hardly grow to 128 (latency bound), then double.
