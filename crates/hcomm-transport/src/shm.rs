@@ -15,7 +15,11 @@
 //! of ours and no busy polling beyond the spin. A peer process that dies closes the
 //! connection: its doorbell task sees the EOF, and the reader drains what the ring
 //! still holds before reporting the end, so a close frame written just before is not
-//! mistaken for a crash.
+//! mistaken for a crash. A finalizing rank ends its side of the connection too,
+//! after its close frame, but goes on reading until the peer's: to the peer's writer
+//! that EOF only means "no more rings", and it keeps writing, polling for ring space
+//! where it would have waited for a ring, until a write to the connection fails (the
+//! peer's end is gone).
 //!
 //! Two shortcuts spare small messages the hand-overs between tasks (each costs a trip
 //! through the executor, microseconds on a busy machine):
@@ -109,6 +113,9 @@ use crate::stream::{Links, WriteLink, unannounced_eof};
 
 /// Directory of the ring files.
 const DIR: &str = "/dev/shm";
+/// The longest pause of a writer polling for room in a ring whose reader rings no
+/// more ([`room_without_rings`]).
+const QUIET_POLL: Duration = Duration::from_millis(5);
 /// Header of a ring file: counters on their own cache lines.
 const HDR: usize = 256;
 /// Slots of messages lent out of the application's own buffers ([`Slot`]), after the
@@ -719,14 +726,25 @@ struct Bell {
     stream: Arc<TcpStream>,
     data: Notify,
     space: Notify,
-    /// The doorbell connection ended (the peer closed it or died).
-    dead: AtomicBool,
+    /// The peer rings no more: it ended its side of the doorbell connection, after
+    /// its close frame as a finalizing rank does (and it still reads), or it died.
+    /// The reader tells the two apart by the close frame, the writer by
+    /// [`Bell::gone`].
+    quiet: AtomicBool,
 }
 
 impl Bell {
     fn ring(&self, what: u8) {
         // A full socket buffer means the peer has unread doorbells: it is awake.
         let _ = self.stream.try_write(&[what]);
+    }
+
+    /// Whether the peer's end of the connection is gone (its process died or its
+    /// link was dropped): a write to it fails, at the latest on the second try after
+    /// the end, once the peer's kernel has answered the first with a reset. The
+    /// byte written is a data ring, which a live peer takes for a spurious wake.
+    fn gone(&self) -> bool {
+        matches!(self.stream.try_write(&[DOORBELL_DATA]), Err(e) if e.kind() != io::ErrorKind::WouldBlock)
     }
 }
 
@@ -1167,7 +1185,7 @@ pub(crate) async fn read_task(inbox: Arc<ShmInbox>, spin: Duration) {
             Drained::Nothing if inbox.ring.readable() > 0 => tokio::task::yield_now().await,
             Drained::Nothing => {
                 let ready = || inbox.ring.readable() > 0 || inbox.ended();
-                if !wait_until(spin, waits, ready, &inbox.bell.data, &inbox.bell.dead).await {
+                if !wait_until(spin, waits, ready, &inbox.bell.data, &inbox.bell.quiet).await {
                     // The doorbell ended and the ring is empty: everything the peer
                     // wrote before it went is read. Without its close frame, it died.
                     if inbox.drain() != Drained::Ended {
@@ -1323,7 +1341,7 @@ impl ShmOut {
     fn write_or_queue(&self, header: Header, payload: &[u8], direct: bool, queue: impl FnOnce(Header)) -> bool {
         let mut busy = self.busy.lock();
         let len = payload.len();
-        if direct && *busy == 0 && len <= DIRECT_MAX && !self.bell.dead.load(Ordering::Acquire) {
+        if direct && *busy == 0 && len <= DIRECT_MAX {
             let mut whole = header;
             whole.msg_id = u64::MAX;
             whole.msg_len = len as u64;
@@ -1530,7 +1548,7 @@ pub(crate) fn split(
         stream: Arc::new(stream),
         data: Notify::new(),
         space: Notify::new(),
-        dead: AtomicBool::new(false),
+        quiet: AtomicBool::new(false),
     });
     let b = bell.clone();
     let doorbell = async move {
@@ -1554,7 +1572,7 @@ pub(crate) fn split(
                 Err(_) => break,
             }
         }
-        b.dead.store(true, Ordering::Release);
+        b.quiet.store(true, Ordering::Release);
         b.data.notify_one();
         b.space.notify_one();
     };
@@ -1623,14 +1641,14 @@ async fn spin_until(spin: Duration, ready: impl Fn() -> bool) -> bool {
 }
 
 /// Waits until `ready()`: spins (see [`spin_until`]), then sets `flag` (the peer
-/// rings `notify` when it finds it set) and parks. `false` if the doorbell died
-/// while `ready()` stayed false.
+/// rings `notify` when it finds it set) and parks. `false` if the peer rings no
+/// more (`quiet`) while `ready()` stayed false.
 async fn wait_until(
     spin: Duration,
     flag: &AtomicU32,
     ready: impl Fn() -> bool,
     notify: &Notify,
-    dead: &AtomicBool,
+    quiet: &AtomicBool,
 ) -> bool {
     loop {
         if spin_until(spin, &ready).await {
@@ -1642,7 +1660,7 @@ async fn wait_until(
             flag.store(0, Ordering::Relaxed);
             return true;
         }
-        if dead.load(Ordering::Acquire) {
+        if quiet.load(Ordering::Acquire) {
             return false;
         }
         notify.notified().await;
@@ -1682,23 +1700,41 @@ impl ShmWrite {
     async fn write_all(&self, part: &[u8]) -> io::Result<()> {
         let out = &*self.out;
         let waits = out.ring.u32_at(WRITER_WAITS);
-        let closed = || io::Error::new(io::ErrorKind::BrokenPipe, "the peer's shared-memory doorbell closed");
+        let closed = || io::Error::new(io::ErrorKind::BrokenPipe, "the peer's end of the shared-memory link is gone");
         let mut off = 0;
         while off < part.len() {
-            if out.bell.dead.load(Ordering::Acquire) {
-                return Err(closed());
-            }
             let n = out.ring.push(&part[off..]);
             if n > 0 {
                 off += n;
                 out.published();
                 // As in `read_task`: never monopolise the executor.
                 tokio::task::coop::consume_budget().await;
-            } else if !wait_until(self.spin, waits, || out.ring.writable() > 0, &out.bell.space, &out.bell.dead).await {
+            } else if !wait_until(self.spin, waits, || out.ring.writable() > 0, &out.bell.space, &out.bell.quiet).await
+                && !room_without_rings(&out.ring, &out.bell).await
+            {
                 return Err(closed());
             }
         }
         Ok(())
+    }
+}
+
+/// A full ring whose reader rings no more (it finalized, or died): polls for room,
+/// with pauses growing to [`QUIET_POLL`], until there is some (`true`) or the
+/// reader's end of the doorbell connection is gone (`false`). A finalizing reader
+/// reads on until this side's close frame; a dead one fails the check within two
+/// polls.
+async fn room_without_rings(ring: &Ring, bell: &Bell) -> bool {
+    let mut pause = Duration::from_micros(100);
+    loop {
+        if ring.writable() > 0 {
+            return true;
+        }
+        if bell.gone() {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(QUIET_POLL);
     }
 }
 
@@ -1718,15 +1754,21 @@ mod tests {
     /// [`looped`], lending every data message (`lend`), which this process, as its
     /// own peer (rank 1), reads back out of its own memory.
     async fn looped_with(lend: bool) -> (Split, Arc<Links>) {
+        let (split, links, server) = looped_bell(lend).await;
+        // The test's end of the doorbell stays open: leaking it keeps the bell alive.
+        std::mem::forget(server);
+        (split, links)
+    }
+
+    /// [`looped_with`], and the test's end of the doorbell connection (the peer's).
+    async fn looped_bell(lend: bool) -> (Split, Arc<Links>, TcpStream) {
         let cap = 1 << 12;
         let (tx, path) = create_ring(rand_u64(), 0, 1, cap, true).unwrap();
         let rx = open_ring(&path.file_name().unwrap().to_string_lossy(), cap, false).unwrap();
         let _ = std::fs::remove_file(&path);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (_server, _) = listener.accept().await.unwrap();
-        // The test's end of the doorbell stays open: leaking it keeps the bell alive.
-        std::mem::forget(_server);
+        let (server, _) = listener.accept().await.unwrap();
         let links = Arc::new(Links::new(Arc::new(hcomm_core::mailbox::Mailbox::new(0)), 2));
         let (cookie_addr, cookie) = cookie();
         let me = PeerMem { pid: std::process::id() as i32, cookie_addr, cookie };
@@ -1737,7 +1779,59 @@ mod tests {
         std::mem::forget(rx);
         let split = split(pair, client, Duration::ZERO, (1, 1), links.clone(), queue.downgrade());
         std::mem::forget(queue);
-        (split, links)
+        (split, links, server)
+    }
+
+    /// Runs `sp`'s doorbell task until the peer rings no more.
+    async fn until_quiet(sp: &mut Split) {
+        let bell = sp.out.bell.clone();
+        let doorbell = std::mem::replace(&mut sp.doorbell, Box::pin(async {}));
+        tokio::time::timeout(Duration::from_secs(5), doorbell).await.expect("the doorbell task sees the end");
+        assert!(bell.quiet.load(Ordering::Acquire));
+    }
+
+    /// The CI failure of a finalize over shared memory: the peer had written its close
+    /// frame and ended its side of the doorbell connection, and this side's writer
+    /// then refused to write (a heartbeat, a release), failing the peer while its last
+    /// messages were still in the ring. A peer that finalized still reads: writes go
+    /// on, and a full ring is waited out by polling, as its reader rings no more.
+    #[tokio::test]
+    async fn a_peer_that_ended_its_doorbell_still_takes_writes() {
+        let (mut sp, _links, server) = looped_bell(false).await;
+        socket2::SockRef::from(&server).shutdown(std::net::Shutdown::Write).unwrap();
+        until_quiet(&mut sp).await;
+        // Three rings' worth, while a slow reader takes it 1000 bytes at a time.
+        let data = random_bytes(3 << 12, 3);
+        let ring = sp.inbox.ring.clone();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while got.len() < 3 << 12 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let mut buf = [0u8; 1000];
+                // SAFETY: `buf` holds 1000 bytes.
+                let n = unsafe { ring.peek(buf.as_mut_ptr(), buf.len()) };
+                got.extend_from_slice(&buf[..n]);
+                ring.skip(n);
+            }
+            got
+        });
+        let writer = ShmWrite { out: sp.out.clone(), spin: Duration::ZERO };
+        tokio::time::timeout(Duration::from_secs(5), writer.write_all(&data)).await.unwrap().unwrap();
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), reader).await.unwrap().unwrap(), data);
+    }
+
+    /// A peer whose end of the connection is gone fails a writer facing a full ring
+    /// (within its deadline: a write to the connection fails), where it used to wait
+    /// for a ring.
+    #[tokio::test]
+    async fn a_peer_that_is_gone_fails_a_writer_facing_a_full_ring() {
+        let (mut sp, _links, server) = looped_bell(false).await;
+        drop(server);
+        until_quiet(&mut sp).await;
+        let writer = ShmWrite { out: sp.out.clone(), spin: Duration::ZERO };
+        let res = tokio::time::timeout(Duration::from_secs(5), writer.write_all(&[7u8; 3 << 12])).await;
+        let e = res.expect("the writer notices the peer is gone").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
     }
 
     fn data_header(tag: u32, len: usize) -> Header {

@@ -7,16 +7,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::free_port;
-use hcomm::Config;
+use hcomm::{Config, Transport};
 
 mod common;
 
 fn config(rank: usize, port: u16) -> Config {
+    config_shm(rank, port, false)
+}
+
+fn config_shm(rank: usize, port: u16, shm: bool) -> Config {
     let mut c = Config::new(rank, 2, format!("127.0.0.1:{port}"));
     c.job_id = format!("finalize-{port}");
     c.secret = Some(String::from("finalize test secret"));
-    c.shm = false;
+    c.shm = shm;
     c
+}
+
+/// Rank 0, as rank 1's transport knows it, closed its communicator and did not fail
+/// (as a link that broke under a write would have it).
+fn closed_not_failed(comm: &hcomm::Communicator) {
+    if let Some(e) = comm.transport().mailbox().peer_failure(0) {
+        assert!(e.to_string().contains("closed its communicator"), "rank 0 counted as failed: {e}");
+    }
 }
 
 fn data(len: usize) -> Vec<u64> {
@@ -90,13 +102,26 @@ async fn finalize_names_a_peer_that_never_finalizes() {
 /// which rank 1's writer still owes it. Both finalize without error.
 #[test]
 fn a_rank_that_finalized_first_is_not_dropped_as_silent() {
+    finalized_first(false);
+}
+
+/// As [`a_rank_that_finalized_first_is_not_dropped_as_silent`], over shared memory:
+/// rank 0's finalize ends its side of the doorbell connection, and rank 1, which
+/// still writes (heartbeats, then its close frame), must take that for "the peer
+/// rings no more", not for a dead peer.
+#[test]
+fn a_rank_that_finalized_first_is_not_dropped_as_silent_shm() {
+    finalized_first(true);
+}
+
+fn finalized_first(shm: bool) {
     let port = free_port();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                 rt.block_on(async {
-                    let mut c = config(rank, port);
+                    let mut c = config_shm(rank, port, shm);
                     c.stream.peer_timeout = Some(Duration::from_millis(300));
                     c.timeout = Duration::from_secs(20);
                     let comm = c.connect().await.unwrap();
@@ -106,9 +131,48 @@ fn a_rank_that_finalized_first_is_not_dropped_as_silent() {
                     if rank == 1 {
                         // Work that sends nothing, past the peer timeout.
                         tokio::time::sleep(Duration::from_millis(1200)).await;
+                        // Its heartbeats went on to rank 0, which had closed.
+                        closed_not_failed(&comm);
                     }
                     // A rank that waited for a close frame never written fails by its
                     // deadline here.
+                    comm.finalize().await.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+                })
+            })
+        })
+        .collect();
+    ranks.into_iter().for_each(|r| r.join().unwrap());
+}
+
+/// Over shared memory, rank 0 sends two messages (a small one through the ring and
+/// a large one lent out of its memory) and finalizes at once; rank 1 receives them
+/// only after a pause longer than its heartbeat period, so that its writer has
+/// written to rank 0 after rank 0 ended its side of the doorbell connection. Both
+/// receives and both finalizes succeed.
+#[test]
+fn messages_from_a_rank_that_finalized_are_still_received_shm() {
+    let port = free_port();
+    let big = 1 << 20;
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    let mut c = config_shm(rank, port, true);
+                    c.stream.peer_timeout = Some(Duration::from_millis(300));
+                    c.timeout = Duration::from_secs(20);
+                    let comm = c.connect().await.unwrap();
+                    if rank == 0 {
+                        comm.send(1, 1, &data(10)).await.unwrap();
+                        comm.send(1, 2, &data(big)).await.unwrap();
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(600)).await;
+                        let small: Vec<u64> = comm.recv(0, 1).await.unwrap_or_else(|e| panic!("rank 1: {e}"));
+                        assert!(small == data(10));
+                        let large: Vec<u64> = comm.recv(0, 2).await.unwrap_or_else(|e| panic!("rank 1: {e}"));
+                        assert!(large == data(big));
+                        closed_not_failed(&comm);
+                    }
                     comm.finalize().await.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
                 })
             })
