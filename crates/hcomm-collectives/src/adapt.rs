@@ -28,9 +28,10 @@
 //!   Its result, the slowest rank's median per algorithm, is the same on every rank.
 //! - The incumbent of epoch `e` (from 2 on) is that of `e - 1`, unless the
 //!   agreement made at epoch `e - 1`'s start has another candidate [`SWITCH`] times
-//!   faster (then the fastest; [`LEAVE`] times to leave the table's choice). Epochs
-//!   0 and 1 take the table's choice. The same agreement tells which alternatives
-//!   epoch `e`'s windows time.
+//!   faster (then the fastest; [`LEAVE`] times to leave the table's choice) and the
+//!   agreement before it named the same one: one agreement's lead only *proposes*
+//!   a switch. Epochs 0 and 1 take the table's choice. The same agreement tells
+//!   which alternatives epoch `e`'s windows time.
 //!
 //! So every rank runs the same algorithm at the same call without any rank waiting
 //! for a decision: a call of epoch `e` needs the agreement made a whole epoch
@@ -416,6 +417,9 @@ struct Class {
     agreed: Times,
     /// Windows per epoch ([`epoch_windows`]).
     epoch: u64,
+    /// The slot the last agreement would have switched to, if it was not the
+    /// incumbent: the next agreement must name it too ([`Class::decide`]).
+    proposed: Option<usize>,
 }
 
 impl Class {
@@ -427,6 +431,7 @@ impl Class {
             agreements: VecDeque::new(),
             agreed: [0; MAX_CANDIDATES],
             epoch,
+            proposed: None,
         }
     }
 
@@ -468,7 +473,11 @@ impl Class {
                 None => return Err(Step::Wait(a.clone())),
                 Some(Err(e)) => return Err(Step::Failed(e.clone())),
                 Some(Ok(times)) => {
-                    let next = incumbent(prev, &times[..k]);
+                    // A switch takes two agreements in a row that name it: the first
+                    // only proposes it.
+                    let want = incumbent(prev, &times[..k]);
+                    let next = if want != prev && self.proposed == Some(want) { want } else { prev };
+                    self.proposed = (want != next).then_some(want);
                     if next != prev {
                         tracing::debug!(
                             target: "hcomm::adapt",
@@ -524,7 +533,12 @@ enum Step {
 
 /// The incumbent after `prev`, given the agreed times per slot (0: none): the
 /// fastest, if [`SWITCH`] times faster than `prev` ([`LEAVE`] times where `prev` is
-/// slot 0, the table's choice).
+/// slot 0, the table's choice). [`Class::decide`] switches to it only when two
+/// agreements in a row name it: over shared memory, 4 ranks on 2 processors, the
+/// agreed medians of allgathers of 4-32 KiB blocks moved by 20-40% from one epoch
+/// to the next (recursive doubling's 8 KiB median: 73, 113, then 69 µs), and the
+/// selection left recursive doubling on a 15-25% lead in one agreement only to come
+/// back at the next.
 pub fn incumbent(prev: usize, times: &[u64]) -> usize {
     let best = (0..times.len()).filter(|&j| times[j] > 0).min_by_key(|&j| times[j]);
     let margin = if prev == 0 { LEAVE } else { SWITCH };
@@ -777,6 +791,35 @@ mod tests {
         assert_eq!(incumbent(2, &[100, 105, 108]), 0);
     }
 
+    /// One agreement's lead only proposes a switch; the next must name the same
+    /// algorithm for it to happen.
+    #[test]
+    fn a_switch_takes_two_agreements_in_a_row() {
+        let class = Contest::new(CLASS, FIRST, &[SECOND, AllreduceAlgo::Rabenseifner]).unwrap();
+        let mut c = Class::new(3, 1);
+        for t in [
+            [100, 80, 0],  // window 2: proposes slot 1
+            [100, 100, 0], // window 3: no lead; the proposal lapses
+            [100, 80, 0],  // window 4: proposes slot 1 again
+            [100, 95, 80], // window 5: proposes slot 2 instead
+            [100, 80, 0],  // window 6: slot 1 again, proposed anew
+            [100, 80, 0],  // window 7: confirmed: slot 1
+            [80, 100, 0],  // window 8: back to slot 0 proposed
+            [100, 100, 0], // window 9: lapses
+        ] {
+            let mut times = [0; MAX_CANDIDATES];
+            times[..3].copy_from_slice(&t);
+            let a: Pin<Box<dyn Future<Output = Result<Times>> + Send>> = Box::pin(std::future::ready(Ok(times)));
+            let a = a.shared();
+            futures::executor::block_on(a.clone()).unwrap();
+            c.agreements.push_back(a);
+        }
+        assert!(c.decide(9, &class).is_ok());
+        let incumbents: Vec<u8> = c.decided.iter().map(|p| p.incumbent).collect();
+        assert_eq!(incumbents, [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]);
+        assert_eq!(c.proposed, None);
+    }
+
     #[test]
     fn two_calls_per_window_time_the_alternative_and_calls_placed_alike_are_kept() {
         let mut c = Class::new(2, 1);
@@ -922,7 +965,7 @@ mod tests {
         // The table's choice is faster on ranks 1 and 2 but not on rank 0: by the
         // slowest rank's times (3 ms against 2), the runner-up leads.
         let e = EPOCH as usize;
-        let ran = drive(&gs, (2 * EPOCH + 2) * WINDOW, |r, a| {
+        let ran = drive(&gs, (3 * EPOCH + 2) * WINDOW, |r, a| {
             if a == SECOND {
                 ms(2)
             } else if r == 0 {
@@ -933,12 +976,13 @@ mod tests {
         })
         .await;
         // Epochs 0 and 1 time the runner-up in every window; the agreement made at
-        // epoch 1's start (with its timings of epoch 0) decides epoch 2, where the
-        // table's choice, 1.5x behind, is far: not timed.
+        // epoch 1's start (with its timings of epoch 0) proposes the switch at epoch
+        // 2's, which times the runner-up still; the next agreement confirms it for
+        // epoch 3, where the table's choice, 1.5x behind, is far: not timed.
         let w = WINDOW as usize;
         for (k, a) in ran.iter().enumerate() {
             let (window, offset) = (k / w, k % w);
-            let want = if window >= 2 * e || offset >= w - 2 { SECOND } else { FIRST };
+            let want = if window >= 3 * e || offset >= w - 2 { SECOND } else { FIRST };
             assert_eq!(*a, want, "call {k}");
         }
         assert!(gs.iter().all(|g| g.algo_now::<AllreduceAlgo>(CLASS, true) == SECOND));
@@ -956,9 +1000,9 @@ mod tests {
             drive(&gs, 4 * EPOCH * WINDOW, |_, a| if a == SECOND { Duration::from_micros(980) } else { ms(1) }).await;
         assert!(ran.iter().zip(0..).all(|(a, k)| (*a == SECOND) == (k % WINDOW >= WINDOW - 2)), "{ran:?}");
         // The runner-up clearly ahead, then clearly behind again: the medians move
-        // once more than half of the kept timings are new (one per window each), and
-        // the agreement of the epoch after decides the next one.
-        let settle = (samples_kept(EPOCH) as u64 / 2 + 1).div_ceil(EPOCH) + 2;
+        // once more than half of the kept timings are new (one per window each), the
+        // agreement of the epoch after proposes the switch and the next confirms it.
+        let settle = (samples_kept(EPOCH) as u64 / 2 + 1).div_ceil(EPOCH) + 3;
         drive(&gs, settle * EPOCH * WINDOW, |_, a| if a == SECOND { ms(1) } else { ms(2) }).await;
         assert_eq!(gs[0].algo_now::<AllreduceAlgo>(CLASS, true), SECOND);
         // Back: the incumbent's median moves first, then the old one's, far until
@@ -972,7 +1016,7 @@ mod tests {
     async fn a_third_candidate_is_timed_in_turn_and_taken_when_fastest() {
         let third = AllreduceAlgo::Rabenseifner;
         let gs = groups_with(2, Duration::from_secs(10), &[SECOND, third]);
-        let ran = drive(&gs, (2 * EPOCH + 1) * WINDOW, |_, a| {
+        let ran = drive(&gs, (3 * EPOCH + 1) * WINDOW, |_, a| {
             if a == third {
                 ms(1)
             } else if a == SECOND {
@@ -982,13 +1026,15 @@ mod tests {
             }
         })
         .await;
-        // Epochs 0 and 1 time the second and the third in turn; epoch 2 takes the
-        // third, and the others, 2x and 3x behind, are far.
-        let w = WINDOW as usize;
+        // Epochs 0 and 1 time the second and the third in turn; epoch 2's agreement
+        // proposes the third, and times it alone (the second, 1.5x behind, is far);
+        // epoch 3 takes it, and the others, 2x and 3x behind, are far.
+        let (w, e) = (WINDOW as usize, EPOCH as usize);
         let alt = |window: usize| ran[window * w + w - 1];
         assert_eq!([alt(0), alt(1), alt(2), alt(3)], [SECOND, third, SECOND, third]);
-        assert!(ran[..2 * EPOCH as usize * w].iter().step_by(w).all(|a| *a == FIRST));
-        assert!(ran[2 * EPOCH as usize * w..].iter().all(|a| *a == third));
+        assert!((2 * e..3 * e).all(|window| alt(window) == third));
+        assert!(ran[..3 * e * w].iter().step_by(w).all(|a| *a == FIRST));
+        assert!(ran[3 * e * w..].iter().all(|a| *a == third));
         assert_eq!(gs[1].algo_now::<AllreduceAlgo>(CLASS, true), third);
     }
 
