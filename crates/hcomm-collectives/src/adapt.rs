@@ -534,11 +534,13 @@ enum Step {
 /// The incumbent after `prev`, given the agreed times per slot (0: none): the
 /// fastest, if [`SWITCH`] times faster than `prev` ([`LEAVE`] times where `prev` is
 /// slot 0, the table's choice). [`Class::decide`] switches to it only when two
-/// agreements in a row name it: over shared memory, 4 ranks on 2 processors, the
-/// agreed medians of allgathers of 4-32 KiB blocks moved by 20-40% from one epoch
-/// to the next (recursive doubling's 8 KiB median: 73, 113, then 69 µs), and the
-/// selection left recursive doubling on a 15-25% lead in one agreement only to come
-/// back at the next.
+/// agreements in a row name it. Over shared memory, 4 ranks on 2 processors, the
+/// agreed medians of allgathers of 4-32 KiB blocks move by 20-30% from one epoch to
+/// the next (Bruck's at 8 KiB: 73 µs, then 94 µs), most of all at the first
+/// agreement, made of epoch 0's timings alone: in 24 allgather sweeps, the
+/// selection switched 67 times, 9 of them undone by the very next agreement; with
+/// the second agreement required, 28 times, none undone so, and no sweep cell
+/// fared worse (BENCHMARKS.md, session 28).
 pub fn incumbent(prev: usize, times: &[u64]) -> usize {
     let best = (0..times.len()).filter(|&j| times[j] > 0).min_by_key(|&j| times[j]);
     let margin = if prev == 0 { LEAVE } else { SWITCH };
