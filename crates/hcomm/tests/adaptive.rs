@@ -14,11 +14,12 @@ use hcomm::{
 };
 use hcomm_collectives::adapt::{MAX_EPOCH, WINDOW};
 
-/// Calls of a class enough for the first decision (two epochs: the 64 KiB allreduce
-/// and broadcast classes, and on up to 3 ranks the 16 KiB-block allgather,
+/// Calls of a class enough for the first possible switch (three epochs: the first
+/// decision, at epoch 2, only proposes one, and the next confirms it; the 64 KiB
+/// allreduce and broadcast classes, and on up to 3 ranks the 16 KiB-block allgather,
 /// reduce-scatter and alltoall classes here, have epochs of [`MAX_EPOCH`] windows),
 /// and a window more.
-const DECIDED: usize = ((2 * MAX_EPOCH + 1) * WINDOW) as usize;
+const DECIDED: usize = ((3 * MAX_EPOCH + 1) * WINDOW) as usize;
 
 /// Element counts of f32 in the 64 KiB class: the class's size, primes, and sizes
 /// not divisible by any rank count here.
