@@ -115,33 +115,20 @@ fn a_rank_that_finalized_first_is_not_dropped_as_silent_shm() {
 }
 
 fn finalized_first(shm: bool) {
-    let port = free_port();
-    let ranks: Vec<_> = (0..2)
-        .map(|rank| {
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                rt.block_on(async {
-                    let mut c = config_shm(rank, port, shm);
-                    c.stream.peer_timeout = Some(Duration::from_millis(300));
-                    c.timeout = Duration::from_secs(20);
-                    let comm = c.connect().await.unwrap();
-                    let mut v = vec![rank as u32 + 1; 10];
-                    comm.all_reduce(&mut v, hcomm::ReduceOp::Sum).await.unwrap();
-                    assert_eq!(v, vec![3; 10]);
-                    if rank == 1 {
-                        // Work that sends nothing, past the peer timeout.
-                        tokio::time::sleep(Duration::from_millis(1200)).await;
-                        // Its heartbeats went on to rank 0, which had closed.
-                        closed_not_failed(&comm);
-                    }
-                    // A rank that waited for a close frame never written fails by its
-                    // deadline here.
-                    comm.finalize().await.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-                })
-            })
-        })
-        .collect();
-    ranks.into_iter().for_each(|r| r.join().unwrap());
+    two_ranks(shm, |rank, comm| async move {
+        let mut v = vec![rank as u32 + 1; 10];
+        comm.all_reduce(&mut v, hcomm::ReduceOp::Sum).await.unwrap();
+        assert_eq!(v, vec![3; 10]);
+        if rank == 1 {
+            // Work that sends nothing, past the peer timeout.
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            // Its heartbeats went on to rank 0, which had closed.
+            closed_not_failed(&comm);
+        }
+        // A rank that waited for a close frame never written fails by its deadline
+        // in the finalize that follows.
+        comm
+    });
 }
 
 /// Over shared memory, rank 0 sends two messages (a small one through the ring and
@@ -151,28 +138,41 @@ fn finalized_first(shm: bool) {
 /// receives and both finalizes succeed.
 #[test]
 fn messages_from_a_rank_that_finalized_are_still_received_shm() {
-    let port = free_port();
     let big = 1 << 20;
+    two_ranks(true, move |rank, comm| async move {
+        if rank == 0 {
+            comm.send(1, 1, &data(10)).await.unwrap();
+            comm.send(1, 2, &data(big)).await.unwrap();
+        } else {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let small: Vec<u64> = comm.recv(0, 1).await.unwrap_or_else(|e| panic!("rank 1: {e}"));
+            assert!(small == data(10));
+            let large: Vec<u64> = comm.recv(0, 2).await.unwrap_or_else(|e| panic!("rank 1: {e}"));
+            assert!(large == data(big));
+            closed_not_failed(&comm);
+        }
+        comm
+    });
+}
+
+/// Two ranks, each on a thread and a runtime of its own (as processes), with a
+/// 300 ms peer timeout: each connects, runs `body`, and finalizes the communicator
+/// `body` hands back, which must succeed.
+fn two_ranks<F, Fut>(shm: bool, body: F)
+where
+    F: Fn(usize, hcomm::Communicator) -> Fut + Send + Copy + 'static,
+    Fut: std::future::Future<Output = hcomm::Communicator>,
+{
+    let port = free_port();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                 rt.block_on(async {
-                    let mut c = config_shm(rank, port, true);
+                    let mut c = config_shm(rank, port, shm);
                     c.stream.peer_timeout = Some(Duration::from_millis(300));
                     c.timeout = Duration::from_secs(20);
-                    let comm = c.connect().await.unwrap();
-                    if rank == 0 {
-                        comm.send(1, 1, &data(10)).await.unwrap();
-                        comm.send(1, 2, &data(big)).await.unwrap();
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(600)).await;
-                        let small: Vec<u64> = comm.recv(0, 1).await.unwrap_or_else(|e| panic!("rank 1: {e}"));
-                        assert!(small == data(10));
-                        let large: Vec<u64> = comm.recv(0, 2).await.unwrap_or_else(|e| panic!("rank 1: {e}"));
-                        assert!(large == data(big));
-                        closed_not_failed(&comm);
-                    }
+                    let comm = body(rank, c.connect().await.unwrap()).await;
                     comm.finalize().await.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
                 })
             })
