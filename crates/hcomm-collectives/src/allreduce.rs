@@ -26,6 +26,16 @@ use crate::{OpCtx, bound, check_reduce_op, copy_in, reduce_in};
 pub const RING_CHUNK_BYTES: usize = 512 << 10;
 /// Most columns a ring allreduce uses.
 pub const RING_MAX_COLUMNS: usize = 64;
+/// Most columns a ring allreduce uses where its ranks crowd their host
+/// ([`Tuning::crowded`]): larger pieces, fewer of them in flight at once. On 4
+/// ranks over TCP sharing 2 processors, the 64 MiB ring (32 columns of 512 KiB)
+/// took 104-118 ms and 7216 context switches per job, 7 times the 32 MiB ring's
+/// (16 columns); with 16 columns of 1 MiB, 91-94 ms. On 2 ranks (not crowded), 16
+/// columns were 1.1x slower at 64 MiB than 64 (BENCHMARKS.md, session 29).
+pub const RING_MAX_COLUMNS_CROWDED: usize = 16;
+/// From this size the ring is the allreduce of ranks that crowd their host
+/// ([`CostModel::choose_allreduce_crowded`]).
+pub const CROWDED_RING_BYTES: usize = 8 << 20;
 
 algo_enum! {
     /// Allreduce algorithms.
@@ -479,6 +489,17 @@ impl CostModel {
     /// depends on which ranks share a processor, 178-458 µs at 256 KiB in four
     /// unbound runs, 182-221 with ranks 0 and 1 on one and 2 and 3 on the other
     /// (BENCHMARKS.md); unbound, Rabenseifner's algorithm takes over from 64 KiB.
+    ///
+    /// From [`CROWDED_RING_BYTES`] the ring, whatever the bound says: its pieces
+    /// are reduced as they come, while the tree and Rabenseifner's algorithm
+    /// receive whole buffers (or halves) before they reduce and pass them on, and
+    /// on 4 ranks over TCP sharing 2 processors that cost them 1.2-1.35x the ring's
+    /// time at 8-16 MiB in 6 of 6 tuned sweeps, and 1.04-1.14x (medians of 7 rounds)
+    /// at 8-32 MiB in jobs of one size. The tree spent 1.4x the ring's processor
+    /// time per 16 MiB allreduce, a fifth of it in the kernel's loopback path, not
+    /// in copies (`perf`, BENCHMARKS.md, session 29). Over shared memory the ring
+    /// was within 5% of the best at 8-16 MiB. Below 8 MiB the tree stays: 1.03-1.15x
+    /// faster than the ring at 2-4 MiB in those jobs.
     pub fn choose_allreduce_crowded(
         &self,
         layout: &Layout,
@@ -488,6 +509,9 @@ impl CostModel {
     ) -> AllreduceAlgo {
         let Some(c) = crowded.filter(|c| c.processors < n) else { return self.choose_allreduce_on(layout, n, bytes) };
         let (p, mut algos) = (c.processors, AllreduceAlgo::candidates(layout));
+        if bytes >= CROWDED_RING_BYTES && algos.contains(&AllreduceAlgo::Ring) {
+            return AllreduceAlgo::Ring;
+        }
         if !c.blocks {
             algos.retain(|&a| a != AllreduceAlgo::Tree);
         }
@@ -935,7 +959,12 @@ async fn ring_over<T: LocalTransport, E: Element>(
     let pos = members.iter().position(|&r| r == ctx.rank()).expect("the ring holds this rank");
     let (left, right) = (members[(pos + n - 1) % n], members[(pos + 1) % n]);
     let seg_bytes = buf.len().div_ceil(n) * std::mem::size_of::<E>();
-    let m = seg_bytes.div_ceil(RING_CHUNK_BYTES).clamp(1, RING_MAX_COLUMNS);
+    let most = if ctx.group().tuning().crowded.is_some_and(|c| c.processors < ctx.size()) {
+        RING_MAX_COLUMNS_CROWDED
+    } else {
+        RING_MAX_COLUMNS
+    };
+    let m = seg_bytes.div_ceil(RING_CHUNK_BYTES).clamp(1, most);
     try_join_all(carve(buf, n, m).into_iter().enumerate().map(|(c, pieces)| async move {
         ring_column(ctx, pieces, tag_base | ring_tag(0, c), pos, left, right, op).await
     }))
@@ -1314,7 +1343,7 @@ mod tests {
                 "{bytes}"
             );
         }
-        for bytes in [64 << 10, 128 << 10, 1 << 20, 16 << 20] {
+        for bytes in [64 << 10, 128 << 10, 1 << 20, 4 << 20] {
             assert_eq!(
                 tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(free)),
                 AllreduceAlgo::Rabenseifner,
@@ -1324,9 +1353,20 @@ mod tests {
         // Bound in blocks, the tree competes, and wins where the bytes outweigh the
         // messages.
         assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, 8, Some(blocks)), AllreduceAlgo::RecursiveDoubling);
-        for bytes in [256 << 10, 1 << 20, 16 << 20] {
+        for bytes in [256 << 10, 1 << 20, CROWDED_RING_BYTES - 1] {
             assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(blocks)), AllreduceAlgo::Tree, "{bytes}");
         }
+        // From 8 MiB the ring, its pieces reduced as they come, bound or not.
+        for c in [free, blocks] {
+            for bytes in [CROWDED_RING_BYTES, 16 << 20, 256 << 20] {
+                assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(c)), AllreduceAlgo::Ring, "{bytes}");
+            }
+        }
+        // Not crowded, the bound and the threshold do not apply.
+        assert_ne!(
+            tcp.choose_allreduce_crowded(&flat, 4, 16 << 20, Some(Crowded { processors: 4, ..free })),
+            AllreduceAlgo::Tree
+        );
         assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, 128 << 10, None), AllreduceAlgo::RecursiveDoubling);
         // Every algorithm moves at least 2(n-1)/n of the buffer per rank; recursive
         // doubling all of it log2(n) times; folded ranks add theirs.

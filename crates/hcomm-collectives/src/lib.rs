@@ -70,8 +70,8 @@ use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signa
 
 pub use adapt::{AdaptChoice, AdaptTicket, AlgoFamily, Contest};
 pub use allreduce::{
-    AllreduceAlgo, ArgCheck, CostModel, Crowded, HierPlan, Layout, LinkCost, Measured, RING_CHUNK_BYTES,
-    RING_MAX_COLUMNS, Stage, Tuning, allreduce, allreduce_signature,
+    AllreduceAlgo, ArgCheck, CROWDED_RING_BYTES, CostModel, Crowded, HierPlan, Layout, LinkCost, Measured,
+    RING_CHUNK_BYTES, RING_MAX_COLUMNS, RING_MAX_COLUMNS_CROWDED, Stage, Tuning, allreduce, allreduce_signature,
 };
 pub use elem::{COOP_BYTES, cooperate, copy_in, reduce_in, to_vec};
 pub use exchange::{
