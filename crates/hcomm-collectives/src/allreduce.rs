@@ -34,8 +34,10 @@ pub const RING_MAX_COLUMNS: usize = 64;
 /// columns were 1.1x slower at 64 MiB than 64 (BENCHMARKS.md, session 29).
 pub const RING_MAX_COLUMNS_CROWDED: usize = 16;
 /// From this size the ring is the allreduce of ranks that crowd their host
-/// ([`CostModel::choose_allreduce_crowded`]).
-pub const CROWDED_RING_BYTES: usize = 8 << 20;
+/// ([`CostModel::choose_allreduce_crowded`]). Not from 8 MiB: there, over shared
+/// memory, the ring took 1.14x the tree's time (medians of 5 alternations), while
+/// over TCP 0.90-0.96x (BENCHMARKS.md, session 29).
+pub const CROWDED_RING_BYTES: usize = 16 << 20;
 
 algo_enum! {
     /// Allreduce algorithms.
@@ -498,8 +500,8 @@ impl CostModel {
     /// at 8-32 MiB in jobs of one size. The tree spent 1.4x the ring's processor
     /// time per 16 MiB allreduce, a fifth of it in the kernel's loopback path, not
     /// in copies (`perf`, BENCHMARKS.md, session 29). Over shared memory the ring
-    /// was within 5% of the best at 8-16 MiB. Below 8 MiB the tree stays: 1.03-1.15x
-    /// faster than the ring at 2-4 MiB in those jobs.
+    /// took 0.79-0.87x the tree's time at 16-64 MiB. Below, the tree stays: 1.03-1.15x
+    /// faster than the ring at 2-4 MiB over TCP.
     pub fn choose_allreduce_crowded(
         &self,
         layout: &Layout,
@@ -1343,7 +1345,7 @@ mod tests {
                 "{bytes}"
             );
         }
-        for bytes in [64 << 10, 128 << 10, 1 << 20, 4 << 20] {
+        for bytes in [64 << 10, 128 << 10, 1 << 20, 8 << 20] {
             assert_eq!(
                 tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(free)),
                 AllreduceAlgo::Rabenseifner,
@@ -1356,9 +1358,9 @@ mod tests {
         for bytes in [256 << 10, 1 << 20, CROWDED_RING_BYTES - 1] {
             assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(blocks)), AllreduceAlgo::Tree, "{bytes}");
         }
-        // From 8 MiB the ring, its pieces reduced as they come, bound or not.
+        // From 16 MiB the ring, its pieces reduced as they come, bound or not.
         for c in [free, blocks] {
-            for bytes in [CROWDED_RING_BYTES, 16 << 20, 256 << 20] {
+            for bytes in [CROWDED_RING_BYTES, 64 << 20, 256 << 20] {
                 assert_eq!(tcp.choose_allreduce_crowded(&flat, 4, bytes, Some(c)), AllreduceAlgo::Ring, "{bytes}");
             }
         }
