@@ -500,8 +500,8 @@ impl CostModel {
     /// at 8-32 MiB in jobs of one size. The tree spent 1.4x the ring's processor
     /// time per 16 MiB allreduce, a fifth of it in the kernel's loopback path, not
     /// in copies (`perf`, BENCHMARKS.md, session 29). Over shared memory the ring
-    /// took 0.79-0.87x the tree's time at 16-64 MiB. Below, the tree stays: 1.03-1.15x
-    /// faster than the ring at 2-4 MiB over TCP.
+    /// took 0.74-0.96x the tree's time at 32-64 MiB, and the two were even at 16 MiB.
+    /// Below, the tree stays: 1.03-1.15x faster than the ring at 2-4 MiB over TCP.
     pub fn choose_allreduce_crowded(
         &self,
         layout: &Layout,
