@@ -78,6 +78,24 @@ async fn every_algorithm_large() {
     }
 }
 
+/// Ranks that crowd their host: the default from 16 MiB is the ring, with at most
+/// `RING_MAX_COLUMNS_CROWDED` columns (more pieces per column past 32 MiB on 4
+/// ranks), against the reference, and bitwise alike on every rank.
+#[tokio::test(flavor = "current_thread")]
+async fn crowded_ranks_ring_with_fewer_columns() {
+    use hcomm::Crowded;
+    let mut comms = hcomm::local(4);
+    for c in &mut comms {
+        let mut t = c.tuning().clone();
+        t.crowded = Some(Crowded { processors: 2, blocks: true });
+        c.set_tuning(t);
+    }
+    let count = (33 << 20) / 4 + 5;
+    assert_eq!(comms[0].tuning().allreduce_algo(4, count * 4, false, None), AllreduceAlgo::Ring);
+    check_allreduce_with::<_, i32>(&comms, count, ReduceOp::Sum, 21, None).await;
+    check_allreduce_with::<_, f32>(&comms, (16 << 20) / 4 + 3, ReduceOp::Sum, 22, None).await;
+}
+
 /// The sequential fold in rank order, which reproducible mode must equal bit for bit.
 fn rank_order_fold<E: TestElem>(inputs: &[Vec<E>], op: ReduceOp) -> Vec<E> {
     let mut acc = inputs[0].clone();
