@@ -495,11 +495,11 @@ impl CostModel {
     /// From [`CROWDED_RING_BYTES`] the ring, whatever the bound says: its pieces
     /// are reduced as they come, while the tree and Rabenseifner's algorithm
     /// receive whole buffers (or halves) before they reduce and pass them on, and
-    /// on 4 ranks over TCP sharing 2 processors that cost them 1.2-1.35x the ring's
-    /// time at 8-16 MiB in 6 of 6 tuned sweeps, and 1.04-1.14x (medians of 7 rounds)
-    /// at 8-32 MiB in jobs of one size. The tree spent 1.4x the ring's processor
-    /// time per 16 MiB allreduce, a fifth of it in the kernel's loopback path, not
-    /// in copies (`perf`, BENCHMARKS.md, session 29). Over shared memory the ring
+    /// on 4 ranks over TCP sharing 2 processors that cost the tree 1.15-1.57x the
+    /// ring's time at 8-16 MiB in 6 of 6 tuned sweeps, and 1.04-1.14x (medians of 7
+    /// rounds) at 8-32 MiB in jobs of one size. The tree spent 1.4x the ring's
+    /// processor time per 16 MiB allreduce, most of the difference in the kernel's
+    /// loopback path, not in copies (`perf`, BENCHMARKS.md, session 29). Over shared memory the ring
     /// took 0.74-0.96x the tree's time at 32-64 MiB, and the two were even at 16 MiB.
     /// Below, the tree stays: 1.03-1.15x faster than the ring at 2-4 MiB over TCP.
     pub fn choose_allreduce_crowded(
