@@ -497,7 +497,7 @@ impl CostModel {
     /// receive whole buffers (or halves) before they reduce and pass them on, and
     /// on 4 ranks over TCP sharing 2 processors that cost the tree 1.15-1.57x the
     /// ring's time at 8-16 MiB in 6 of 6 tuned sweeps, and 1.04-1.14x (medians of 7
-    /// rounds) at 8-32 MiB in jobs of one size. The tree spent 1.4x the ring's
+    /// rounds) at 8-32 MiB in `hcomm-bench` jobs. The tree spent 1.4x the ring's
     /// processor time per 16 MiB allreduce, most of the difference in the kernel's
     /// loopback path, not in copies (`perf`, BENCHMARKS.md, session 29). Over shared memory the ring
     /// took 0.74-0.96x the tree's time at 32-64 MiB, and the two were even at 16 MiB.
