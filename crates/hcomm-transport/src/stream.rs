@@ -138,7 +138,15 @@ pub struct StreamOptions {
 /// A message small enough to be sent eagerly ([`StreamOptions::tcp_eager`]) is
 /// queued within this long even after the last send was awaited, unless something
 /// came from the peer since: its send then completes without the hand-over.
-const BURST_GAP: Duration = Duration::from_micros(2);
+///
+/// 4 µs, not 2: on 4 ranks sharing 2 processors, a root's back-to-back broadcasts
+/// of 2-4 KiB came 3-5 µs apart, so each went out in its own system call (2.3
+/// writes and 2.9 packets per broadcast at 2 KiB, against 1.1 and 1.3 at 1 KiB,
+/// and 8.1 µs of kernel time against 1.8), and took 1.0-1.3x OpenMPI's time. With 4
+/// µs they took 0.63-0.65x the 2 µs build's time, and 8 B-1 KiB 0.81-0.91x (7
+/// rounds); 2-rank collectives and point-to-point latency did not move
+/// (BENCHMARKS.md, session 29).
+const BURST_GAP: Duration = Duration::from_micros(4);
 
 /// How many messages may wait for a peer's writer task while sends to that peer
 /// still complete at once ([`StreamOptions::tcp_eager`]); past that, a send waits

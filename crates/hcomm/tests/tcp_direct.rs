@@ -80,7 +80,7 @@ fn a_direct_write_taken_in_part_keeps_the_stream_in_order() {
             let comm = config(0, port).connect().await.unwrap();
             for i in 0..count {
                 // Apart by more than a burst's gap, so that each may go directly.
-                std::thread::sleep(Duration::from_micros(5));
+                std::thread::sleep(Duration::from_micros(10));
                 comm.send(1, 9, &random_bytes(len(i), i as u64)).await.unwrap();
             }
             let counts = comm.transport().tcp_direct_writes();
