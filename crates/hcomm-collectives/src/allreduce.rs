@@ -365,7 +365,7 @@ impl CostModel {
     /// (medians of four alternated runs),
     /// where the model without this chose the chain (BENCHMARKS.md).
     pub fn choose_bcast_crowded(&self, n: usize, bytes: usize, crowded: Option<Crowded>) -> BcastAlgo {
-        let Some(c) = crowded.filter(|c| c.processors < n) else { return self.choose_bcast(n, bytes) };
+        let Some(c) = Crowded::of(crowded, n) else { return self.choose_bcast(n, bytes) };
         cheapest(&BcastAlgo::ALL, |a| {
             self.bcast_time(a, n, bytes).max(crowded_time(c.processors, self.bcast_work(a, n, bytes), 0.0))
         })
@@ -510,7 +510,7 @@ impl CostModel {
         bytes: usize,
         crowded: Option<Crowded>,
     ) -> AllreduceAlgo {
-        let Some(c) = crowded.filter(|c| c.processors < n) else { return self.choose_allreduce_on(layout, n, bytes) };
+        let Some(c) = Crowded::of(crowded, n) else { return self.choose_allreduce_on(layout, n, bytes) };
         let (p, mut algos) = (c.processors, AllreduceAlgo::candidates(layout));
         if bytes >= CROWDED_RING_BYTES && algos.contains(&AllreduceAlgo::Ring) {
             return AllreduceAlgo::Ring;
@@ -535,6 +535,14 @@ pub struct Crowded {
     /// by default for ranks launched as processes; every rank must ask alike, as it
     /// changes the algorithms chosen).
     pub blocks: bool,
+}
+
+impl Crowded {
+    /// `crowded` where `n` ranks outnumber its processors, else `None`: the test
+    /// every crowded rule applies.
+    pub fn of(crowded: Option<Crowded>, n: usize) -> Option<Crowded> {
+        crowded.filter(|c| c.processors < n)
+    }
 }
 
 /// The least time of transfers and reductions of `moved` and `reduced` seconds of
@@ -962,7 +970,7 @@ async fn ring_over<T: LocalTransport, E: Element>(
     let pos = members.iter().position(|&r| r == ctx.rank()).expect("the ring holds this rank");
     let (left, right) = (members[(pos + n - 1) % n], members[(pos + 1) % n]);
     let seg_bytes = buf.len().div_ceil(n) * std::mem::size_of::<E>();
-    let most = if ctx.group().tuning().crowded.is_some_and(|c| c.processors < ctx.size()) {
+    let most = if Crowded::of(ctx.group().tuning().crowded, ctx.size()).is_some() {
         RING_MAX_COLUMNS_CROWDED
     } else {
         RING_MAX_COLUMNS
