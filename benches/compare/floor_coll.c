@@ -190,6 +190,14 @@ int main(int argc, char **argv) {
     }
     int parent = 1;
     for (int r = 0; r < size; r++) parent &= kids[r] != 0;
+    /* Each process keeps only its own ends (the parent none), so that a rank that
+     * dies closes its links and its neighbours fail at once instead of at the poll's
+     * deadline. */
+    close(ls);
+    for (int r = 0; r < size; r++) {
+        if (parent || cl[r] != right) close(cl[r]);
+        if (parent || sv[r] != left) close(sv[r]);
+    }
     float *a = NULL, *tmp = NULL;
     if (!parent) {
         a = malloc((size_t)cap * sizeof(float));
