@@ -8,11 +8,16 @@
  *   rank, the fewest bytes any allreduce sends; float32 sum, reduced as the bytes
  *   arrive. On 2 ranks, the exchange of halves.
  * - broadcast: a chain from rank 0 in pieces of 256 KiB (whole below that), `S` sent by
- *   each rank but the last, the fewest any broadcast sends.
+ *   each rank but the last: `(n-1) · S` in all, the fewest any broadcast sends.
  * - allreduce_bytes, broadcast_bytes: those operations' bytes alone, each rank's in one
  *   stream, sent and received at once: no steps that wait on one another, no reduction.
- *   No allreduce or broadcast over these sockets can be faster: the bound of the
- *   kernel's copies and protocol work on this machine, measured.
+ *   What the kernel's copies and protocol work alone cost on this machine. Not a strict
+ *   bound: where ranks outnumber the processors, one long stream per rank can be
+ *   scheduled worse than the ring's steps (4 ranks, 4 MiB, once: 1.3x the ring).
+ *
+ * It is a reference, not a rival: it has no matching, no failure handling, no
+ * deadlines beyond the poll's, and small messages wait in poll(2) without spinning, so
+ * its times below 64 KiB or so say nothing.
  *
  * Timed as benches/compare/mpi_coll.c and hcomm-bench time: ITERS = 64 MiB worth,
  * between 10 and 1000, a tenth of that as warm-up, a barrier, then ITERS operations
