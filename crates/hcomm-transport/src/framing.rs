@@ -522,13 +522,13 @@ impl Assembler {
     }
 
     /// Whether the message whose body comes next could land, does not, its first
-    /// header came less than `patience` ago, and no receive waits for it (one that
-    /// does waits without a buffer of its length, and is served as usual): its
-    /// receive may yet be posted ([`claim_late`](Self::claim_late)).
-    pub fn awaits_receive(&self, patience: std::time::Duration) -> bool {
+    /// header came less than `patience(its length)` ago, and no receive waits for it
+    /// (one that does waits without a buffer of its length, and is served as usual):
+    /// its receive may yet be posted ([`claim_late`](Self::claim_late)).
+    pub fn awaits_receive(&self, patience: impl FnOnce(u64) -> std::time::Duration) -> bool {
         let Some((_, p)) = self.unlanded() else { return false };
         let Some(m) = self.mailbox.as_deref() else { return false };
-        p.opened.elapsed() < patience && !m.awaited(&hcomm_core::MatchKey::of(&p.header))
+        p.opened.elapsed() < patience(p.header.msg_len) && !m.awaited(&hcomm_core::MatchKey::of(&p.header))
     }
 
     /// The landing whose message the fragment being read belongs to, if it lands.

@@ -1746,8 +1746,36 @@ const LAND_PATIENCE: Duration = Duration::from_micros(200);
 /// (the root's next message comes while it still forwards the last); with 2 ms, four
 /// alternations took 0.56-0.82x the time (median 0.78) and at 16 MiB 0.88-1.01x
 /// (BENCHMARKS.md, session 22). A message behind a large one whose receive is not
-/// posted waits up to this long.
+/// posted waits up to this long, or longer for a larger message
+/// ([`LAND_PATIENCE_PER_MIB`]).
 const LAND_PATIENCE_CROWDED: Duration = Duration::from_millis(2);
+
+/// Where ranks outnumber the processors, a large message's receive may be posted
+/// later still: the relay of a binomial broadcast posts the next one only once it has
+/// forwarded the last, and forwarding takes time in proportion to the message. So the
+/// reader leaves a message's bytes in the socket for this long per MiB of it, if that
+/// is more than [`LAND_PATIENCE_CROWDED`], up to [`LAND_PATIENCE_MOST`]: a message
+/// behind it waits about as long as the large one takes to move at 1 GB/s. On 4 ranks
+/// sharing 2 processors, the relay of 64 MiB broadcasts read 5-7 of 12 messages early
+/// with 2 ms (copied into pooled buffers, 53-82 ms a broadcast) and none with 100 ms
+/// (38-43 ms; BENCHMARKS.md, session 30).
+const LAND_PATIENCE_PER_MIB: Duration = Duration::from_millis(1);
+
+/// The most a reader leaves a message's bytes in the socket for its receive
+/// ([`LAND_PATIENCE_PER_MIB`]).
+const LAND_PATIENCE_MOST: Duration = Duration::from_millis(100);
+
+/// How long a reader leaves the bytes of a large message of `len` bytes in the socket
+/// for its receive to be posted: [`LAND_PATIENCE`], or where ranks outnumber the
+/// processors ([`StreamOptions::spin_yield`]) [`LAND_PATIENCE_CROWDED`] or
+/// [`LAND_PATIENCE_PER_MIB`] of it, whichever is more, up to [`LAND_PATIENCE_MOST`].
+fn land_patience(crowded: bool, len: u64) -> Duration {
+    if !crowded {
+        return LAND_PATIENCE;
+    }
+    let per = LAND_PATIENCE_PER_MIB.saturating_mul(u32::try_from(len >> 20).unwrap_or(u32::MAX));
+    per.clamp(LAND_PATIENCE_CROWDED, LAND_PATIENCE_MOST)
+}
 
 /// How long a receive reading its own message's bytes keeps trying, without progress,
 /// before it leaves the socket to the reader task ([`recv_spinning`]).
@@ -1839,8 +1867,8 @@ pub(crate) struct TcpInbox {
     ended: AtomicBool,
     /// How long a receive reading its own message spins ([`OWNER_SPIN`], or less).
     owner_spin: Duration,
-    /// [`LAND_PATIENCE`], or [`LAND_PATIENCE_CROWDED`].
-    land_patience: Duration,
+    /// Whether ranks outnumber the processors here ([`land_patience`]).
+    crowded: bool,
     /// Whether large messages land in their receive's buffer
     /// ([`StreamOptions::tcp_land`]); if not, receives never read the socket.
     land: bool,
@@ -1879,8 +1907,8 @@ impl TcpInbox {
         );
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
         let eager = !opts.spin_yield;
-        let land_patience = if opts.spin_yield { LAND_PATIENCE_CROWDED } else { LAND_PATIENCE };
-        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, land_patience, land, eager }
+        let crowded = opts.spin_yield;
+        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, crowded, land, eager }
     }
 
     /// Whether tokio has seen the socket readable (no system call, no waker kept).
@@ -1963,7 +1991,10 @@ impl TcpInbox {
                     // A large message whose receive is not posted yet: its bytes
                     // stay in the socket a while, so that they land when it comes
                     // instead of being read here and copied again.
-                    if !is_owner && !self.owner_spin.is_zero() && asm.awaits_receive(self.land_patience) {
+                    if !is_owner
+                        && !self.owner_spin.is_zero()
+                        && asm.awaits_receive(|len| land_patience(self.crowded, len))
+                    {
                         turn = true;
                         break;
                     }
@@ -2155,5 +2186,24 @@ async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration, yield_os: bool) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crowded_reader_waits_a_millisecond_per_mib_for_a_receive_within_bounds() {
+        const MIB: u64 = 1 << 20;
+        for len in [0, MIB, 64 * MIB, u64::MAX] {
+            assert_eq!(land_patience(false, len), LAND_PATIENCE, "{len}");
+        }
+        assert_eq!(land_patience(true, 512 << 10), LAND_PATIENCE_CROWDED);
+        assert_eq!(land_patience(true, 2 * MIB), LAND_PATIENCE_CROWDED);
+        assert_eq!(land_patience(true, 3 * MIB), Duration::from_millis(3));
+        assert_eq!(land_patience(true, 64 * MIB + 1), Duration::from_millis(64));
+        assert_eq!(land_patience(true, 1 << 30), LAND_PATIENCE_MOST);
+        assert_eq!(land_patience(true, u64::MAX), LAND_PATIENCE_MOST);
     }
 }
