@@ -1758,7 +1758,9 @@ const LAND_PATIENCE_CROWDED: Duration = Duration::from_millis(2);
 /// behind it waits about as long as the large one takes to move at 1 GB/s. On 4 ranks
 /// sharing 2 processors, the relay of 64 MiB broadcasts read 5-7 of 12 messages early
 /// with 2 ms (copied into pooled buffers, 53-82 ms a broadcast) and none with 100 ms
-/// (38-43 ms; BENCHMARKS.md, session 30).
+/// (38-43 ms). With this rule (64 ms there), 64 MiB broadcasts took 0.48-0.63x the
+/// time of 2 ms and 16-32 MiB 0.76-0.87x, in rounds of both orders; allreduces did
+/// not move (BENCHMARKS.md, session 30).
 const LAND_PATIENCE_PER_MIB: Duration = Duration::from_millis(1);
 
 /// The most a reader leaves a message's bytes in the socket for its receive
