@@ -4,6 +4,8 @@ use std::fmt;
 
 use half::{bf16, f16};
 
+use crate::simd::zip;
+
 /// The element type of a buffer, as it travels on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -180,15 +182,14 @@ macro_rules! int_element {
 
             fn reduce(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
                 assert_eq!(dst.len(), src.len(), "reduce: slice lengths differ");
-                let pairs = dst.iter_mut().zip(src);
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => pairs.for_each(|(d, s)| *d = d.wrapping_add(*s)),
-                    ReduceOp::Prod => pairs.for_each(|(d, s)| *d = d.wrapping_mul(*s)),
-                    ReduceOp::Min => pairs.for_each(|(d, s)| *d = (*d).min(*s)),
-                    ReduceOp::Max => pairs.for_each(|(d, s)| *d = (*d).max(*s)),
-                    ReduceOp::BAnd => pairs.for_each(|(d, s)| *d &= *s),
-                    ReduceOp::BOr => pairs.for_each(|(d, s)| *d |= *s),
-                    ReduceOp::BXor => pairs.for_each(|(d, s)| *d ^= *s),
+                    ReduceOp::Sum | ReduceOp::Avg => zip(dst, src, <$t>::wrapping_add),
+                    ReduceOp::Prod => zip(dst, src, <$t>::wrapping_mul),
+                    ReduceOp::Min => zip(dst, src, Ord::min),
+                    ReduceOp::Max => zip(dst, src, Ord::max),
+                    ReduceOp::BAnd => zip(dst, src, |d, s| d & s),
+                    ReduceOp::BOr => zip(dst, src, |d, s| d | s),
+                    ReduceOp::BXor => zip(dst, src, |d, s| d ^ s),
                 }
             }
 
@@ -207,12 +208,11 @@ macro_rules! float_element {
 
             fn reduce(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
                 assert_eq!(dst.len(), src.len(), "reduce: slice lengths differ");
-                let pairs = dst.iter_mut().zip(src);
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => pairs.for_each(|(d, s)| *d += *s),
-                    ReduceOp::Prod => pairs.for_each(|(d, s)| *d *= *s),
-                    ReduceOp::Min => pairs.for_each(|(d, s)| *d = d.min(*s)),
-                    ReduceOp::Max => pairs.for_each(|(d, s)| *d = d.max(*s)),
+                    ReduceOp::Sum | ReduceOp::Avg => zip(dst, src, |d, s| d + s),
+                    ReduceOp::Prod => zip(dst, src, |d, s| d * s),
+                    ReduceOp::Min => zip(dst, src, <$t>::min),
+                    ReduceOp::Max => zip(dst, src, <$t>::max),
                     ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
                         unreachable!("bitwise reduction of a float type is rejected before this point")
                     }
@@ -233,26 +233,18 @@ float_element!(f32 => F32, f64 => F64);
 const HALF_BLOCK: usize = 256;
 
 /// Half-precision types reduce through `f32` (as NCCL and Gloo do on CPUs) and round
-/// once per step. They convert a block at a time with `half`'s slice conversions,
-/// which use the CPU's conversion instructions (F16C) where it has them.
+/// once per step: `bf16` by its exact widening and a branch-free rounding, `f16` by the
+/// CPU's conversion instructions (F16C) where it has them; sums and products in one
+/// pass with AVX2 where the CPU has it (`crate::simd`).
 macro_rules! half_element {
-    ($($t:ty => $d:ident),* $(,)?) => {$(
+    ($($t:ty => $d:ident, $reduce:path),* $(,)?) => {$(
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$d;
 
             fn reduce(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
-                use half::slice::HalfFloatSliceExt;
                 assert_eq!(dst.len(), src.len(), "reduce: slice lengths differ");
-                let mut a = [0f32; HALF_BLOCK];
-                let mut b = [0f32; HALF_BLOCK];
-                for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
-                    let (a, b) = (&mut a[..d.len()], &mut b[..d.len()]);
-                    d.convert_to_f32_slice(a);
-                    s.convert_to_f32_slice(b);
-                    f32::reduce(op, a, b);
-                    d.convert_from_f32_slice(a);
-                }
+                $reduce(op, dst, src)
             }
 
             fn div_count(dst: &mut [Self], n: usize) {
@@ -269,7 +261,7 @@ macro_rules! half_element {
     )*};
 }
 
-half_element!(f16 => F16, bf16 => BF16);
+half_element!(f16 => F16, crate::simd::f16_reduce, bf16 => BF16, crate::simd::bf16_reduce);
 
 #[cfg(test)]
 mod tests {
