@@ -304,45 +304,42 @@ unsafe fn bf16_fused(dst: &mut [bf16], src: &[bf16], op: Lanes) {
     }
 }
 
-/// The `f16` reduction by `op` (`Avg` as `Sum`): sums and products in one pass where
-/// the processor has AVX2 and F16C, the rest (and everything elsewhere) through `f32`
-/// blocks ([`f16_zip`]).
-pub(crate) fn f16_reduce(op: ReduceOp, dst: &mut [f16], src: &[f16]) {
-    #[cfg(target_arch = "x86_64")]
-    if wide() && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Prod) {
-        let lanes = if op == ReduceOp::Prod { Lanes::Mul } else { Lanes::Add };
-        // SAFETY: `wide` found AVX2 and F16C.
-        return unsafe { f16_fused(dst, src, lanes) };
-    }
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => f16_zip(dst, src, |d, s| d + s),
-        ReduceOp::Prod => f16_zip(dst, src, |d, s| d * s),
-        ReduceOp::Min => f16_zip(dst, src, f32::min),
-        ReduceOp::Max => f16_zip(dst, src, f32::max),
-        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
-            unreachable!("bitwise reduction of a float type is rejected before this point")
+/// The half-precision reduction by `op` (`Avg` as `Sum`) of `$t`: sums and products in
+/// one pass (`$fused`) where the processor has AVX2 and F16C, the rest (and everything
+/// elsewhere) combined in `f32` by `$zip`.
+macro_rules! half_reduce {
+    ($(#[$doc:meta])* $name:ident, $t:ty, $fused:ident, $zip:ident) => {
+        $(#[$doc])*
+        pub(crate) fn $name(op: ReduceOp, dst: &mut [$t], src: &[$t]) {
+            #[cfg(target_arch = "x86_64")]
+            if wide() && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Prod) {
+                let lanes = if op == ReduceOp::Prod { Lanes::Mul } else { Lanes::Add };
+                // SAFETY: `wide` found AVX2 and F16C.
+                return unsafe { $fused(dst, src, lanes) };
+            }
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => $zip(dst, src, |d, s| d + s),
+                ReduceOp::Prod => $zip(dst, src, |d, s| d * s),
+                ReduceOp::Min => $zip(dst, src, f32::min),
+                ReduceOp::Max => $zip(dst, src, f32::max),
+                ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+                    unreachable!("bitwise reduction of a float type is rejected before this point")
+                }
+            }
         }
-    }
+    };
 }
 
-/// The `bf16` reduction by `op` (`Avg` as `Sum`), as [`f16_reduce`].
-pub(crate) fn bf16_reduce(op: ReduceOp, dst: &mut [bf16], src: &[bf16]) {
-    #[cfg(target_arch = "x86_64")]
-    if wide() && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Prod) {
-        let lanes = if op == ReduceOp::Prod { Lanes::Mul } else { Lanes::Add };
-        // SAFETY: `wide` found AVX2.
-        return unsafe { bf16_fused(dst, src, lanes) };
-    }
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => bf16_zip(dst, src, |d, s| d + s),
-        ReduceOp::Prod => bf16_zip(dst, src, |d, s| d * s),
-        ReduceOp::Min => bf16_zip(dst, src, f32::min),
-        ReduceOp::Max => bf16_zip(dst, src, f32::max),
-        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
-            unreachable!("bitwise reduction of a float type is rejected before this point")
-        }
-    }
-}
+half_reduce!(
+    /// The `f16` reduction by `op` (`Avg` as `Sum`): sums and products in one pass with
+    /// F16C where the processor has it and AVX2, the rest through `f32` blocks
+    /// ([`f16_zip`]).
+    f16_reduce, f16, f16_fused, f16_zip
+);
+half_reduce!(
+    /// The `bf16` reduction by `op` (`Avg` as `Sum`), as [`f16_reduce`].
+    bf16_reduce, bf16, bf16_fused, bf16_zip
+);
 
 #[cfg(test)]
 mod tests {
