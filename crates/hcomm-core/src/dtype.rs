@@ -229,7 +229,8 @@ macro_rules! float_element {
 
 float_element!(f32 => F32, f64 => F64);
 
-/// Block size of the half-precision kernels.
+/// Block size of the half-precision division of `Avg` (the reductions have their own, in
+/// `crate::simd`).
 const HALF_BLOCK: usize = 256;
 
 /// Half-precision types reduce through `f32` (as NCCL and Gloo do on CPUs) and round
