@@ -1869,15 +1869,14 @@ pub(crate) struct TcpInbox {
     ended: AtomicBool,
     /// How long a receive reading its own message spins ([`OWNER_SPIN`], or less).
     owner_spin: Duration,
-    /// Whether ranks outnumber the processors here ([`land_patience`]).
+    /// Whether ranks outnumber the processors here ([`StreamOptions::spin_yield`]):
+    /// a reader waits longer for a large message's receive ([`land_patience`]), and a
+    /// receive never reads the socket in its first poll
+    /// ([`PollLink::poll_first`](hcomm_core::mailbox::PollLink::poll_first)).
     crowded: bool,
     /// Whether large messages land in their receive's buffer
     /// ([`StreamOptions::tcp_land`]); if not, receives never read the socket.
     land: bool,
-    /// Whether a receive may read the socket in its first poll
-    /// ([`PollLink::poll_first`](hcomm_core::mailbox::PollLink::poll_first)): not
-    /// where ranks outnumber cores ([`StreamOptions::spin_yield`]).
-    eager: bool,
 }
 
 impl std::fmt::Debug for TcpInbox {
@@ -1908,9 +1907,8 @@ impl TcpInbox {
             .header_alone(!opts.spin_yield),
         );
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
-        let eager = !opts.spin_yield;
         let crowded = opts.spin_yield;
-        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, crowded, land, eager }
+        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, crowded, land }
     }
 
     /// Whether tokio has seen the socket readable (no system call, no waker kept).
@@ -2131,7 +2129,7 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
     /// Not where ranks outnumber cores: 4 ranks on 2 cores took 1.1-1.15x the time
     /// of their 8 B allreduces reading here (five alternated runs of 20 000).
     fn poll_first(&self) -> bool {
-        if self.eager && self.links.sent[self.peer].swap(false, Ordering::Relaxed) {
+        if !self.crowded && self.links.sent[self.peer].swap(false, Ordering::Relaxed) {
             let d = self.drain(None, DRAIN_READS, true);
             self.links.first_reads.0.fetch_add(1, Ordering::Relaxed);
             if matches!(d, Drained::Some(_)) {
