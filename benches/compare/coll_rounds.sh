@@ -82,8 +82,9 @@ if has_floor:
     head += ["plain C / OpenMPI", "bytes alone / OpenMPI"]
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
-def ratio(tables, key):
-    rs = [f[key] / run[0][k] for f, run in zip(tables, runs) if key in f]
+def floor_ratio(key, floor_key):
+    """Median over the rounds of the floor's `floor_key` time over OpenMPI's `key` time."""
+    rs = [f[floor_key] / run[0][key] for f, run in zip(floors, runs) if floor_key in f]
     return "%.2f" % st.median(rs) if len(rs) == len(runs) else "-"
 for k in keys:
     cells = [k[0], str(k[1])]
@@ -92,7 +93,7 @@ for k in keys:
     if nbin == 2:
         cells.append("%.2f" % st.median(run[2][k] / run[1][k] for run in runs))
     if has_floor:
-        cells += [ratio(floors, k), ratio(floors, (k[0] + "_bytes", k[1]))]
+        cells += [floor_ratio(k, k), floor_ratio(k, (k[0] + "_bytes", k[1]))]
     print("| " + " | ".join(cells) + " |")
 if has_floor:
     print()
