@@ -47,18 +47,39 @@ pub(crate) struct Outgoing {
     /// `payload` is the rest of a frame the sending task began writing to the socket
     /// itself ([`Outgoing::rest`]): written as it is, before anything else.
     pub raw: bool,
+    /// Of a raw rest with `lent`: where in the loan the rest begins, after `payload`
+    /// (the unwritten end of the frame's header, if any) ([`Outgoing::lent_rest`]).
+    pub lent_at: usize,
 }
 
 impl Outgoing {
     /// A message whose payload is here.
     pub(crate) fn new(header: Header, payload: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Outgoing {
-        Outgoing { header, payload, lent: None, done, raw: false }
+        Outgoing { header, payload, lent: None, done, raw: false, lent_at: 0 }
+    }
+
+    /// A message lent out of the sender's memory.
+    pub(crate) fn lent(header: Header, loan: Arc<Loan>) -> Outgoing {
+        Outgoing { header, payload: Bytes::new(), lent: Some(loan), done: None, raw: false, lent_at: 0 }
     }
 
     /// The unwritten end of a frame whose start a sending task wrote to the socket
     /// directly: it goes out next, whole, before any queued message.
     pub(crate) fn rest(header: Header, bytes: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Outgoing {
-        Outgoing { header, payload: bytes, lent: None, done, raw: true }
+        Outgoing { header, payload: bytes, lent: None, done, raw: true, lent_at: 0 }
+    }
+
+    /// As [`Outgoing::rest`], for a lent payload: `head` (what is left of the
+    /// frame's header, perhaps nothing), then bytes `at..` of `loan`, from the
+    /// sender's memory.
+    pub(crate) fn lent_rest(
+        header: Header,
+        head: Bytes,
+        loan: Arc<Loan>,
+        at: usize,
+        done: Option<oneshot::Sender<Result<()>>>,
+    ) -> Outgoing {
+        Outgoing { header, payload: head, lent: Some(loan), done, raw: true, lent_at: at }
     }
 
     fn len(&self) -> usize {
@@ -161,6 +182,11 @@ impl WriteQueue {
         while let Some(mut r) = self.raw.pop_front() {
             self.completed += 1;
             self.finished.extend(r.done.take());
+            if let Some(loan) = r.lent.take() {
+                batch.extend_from_slice(&r.payload);
+                let end = loan.len();
+                return Some(Big::Lent(loan, r.lent_at..end));
+            }
             if r.payload.len() > COPY_LIMIT {
                 return Some(Big::Bytes(r.payload));
             }
@@ -893,25 +919,37 @@ mod tests {
     /// A frame whose start a sending task wrote itself (as a direct write taken in
     /// part): its rest, queued before messages queued later, goes out first and
     /// whole, whatever its size, and the stream parses as if one writer wrote it all.
+    /// So with a lent payload, the rest being what is left of the header (copied)
+    /// and the payload from where the write stopped (lent).
     #[test]
     fn the_rest_of_a_direct_write_goes_first() {
-        for (len, cut) in [(10, 3), (10, HEADER_LEN + 4), (100_000, HEADER_LEN + 20_000), (0, 1)] {
+        let cuts = [(10, 3), (10, HEADER_LEN + 4), (100_000, HEADER_LEN + 20_000), (0, 1), (100_000, 7)];
+        for ((len, cut), lent) in cuts.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             let mut h = Header::data(1, 0, 0, 7, &Signature::bare(OpKind::Send, len as u64), len);
             (h.msg_id, h.msg_len, h.offset, h.frag_len) = (u64::MAX, len as u64, 0, len as u32);
             let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
             let whole = [&h.encode()[..], &payload].concat();
             let (sent, rest) = whole.split_at(cut);
             let (tx, mut rx) = oneshot::channel();
+            let rest = match lent {
+                false => Outgoing::rest(h, Bytes::copy_from_slice(rest), Some(tx)),
+                true => {
+                    let head = &h.encode()[cut.min(HEADER_LEN)..];
+                    let at = cut.saturating_sub(HEADER_LEN);
+                    Outgoing::lent_rest(h, Bytes::copy_from_slice(head), Arc::new(Loan::new(&payload)), at, Some(tx))
+                }
+            };
             // Queued after the rest: a large message and a small one.
-            let wire = encode(
-                vec![Outgoing::rest(h, Bytes::copy_from_slice(rest), Some(tx)), msg(8, 70_000, 5), msg(9, 3, 6)],
-                4096,
-            );
+            let wire = encode(vec![rest, msg(8, 70_000, 5), msg(9, 3, 6)], 4096);
             let mut a = Assembler::new(1);
             let mut out = Vec::new();
             push(&mut a, &[sent, &wire].concat(), &mut out).unwrap();
             let got: Vec<(u32, Vec<u8>)> = out.into_iter().map(|f| (f.header.tag, f.payload.to_vec())).collect();
-            assert_eq!(got, vec![(7, payload), (9, vec![6; 3]), (8, vec![5; 70_000])], "{len} B cut at {cut}");
+            assert_eq!(
+                got,
+                vec![(7, payload), (9, vec![6; 3]), (8, vec![5; 70_000])],
+                "{len} B cut at {cut}, lent {lent}"
+            );
             assert!(matches!(rx.try_recv(), Ok(Ok(()))), "the rest's sender learns it was written");
         }
     }

@@ -79,8 +79,10 @@ pub struct StreamOptions {
     pub link_stall: Duration,
     /// Messages of this many bytes and more that [`Transport::send_borrowed`] sends to
     /// a peer over a plain tokio TCP connection are lent, not copied: the writer task
-    /// sends them straight from the caller's memory, and the send future completes
-    /// once the kernel has all of it ([`crate::loan`]). Zero: always copied at the
+    /// sends them straight from the caller's memory (or the sending task itself, in
+    /// its call, if the message is at most a fragment and the writer is idle; see
+    /// [`StreamOptions::tcp_direct`]), and the send future completes once the kernel
+    /// has all of it ([`crate::loan`]). Zero: always copied at the
     /// call. Not used by io_uring (whose kernel reads a buffer after the submitting
     /// future may be gone), TLS, several connections per peer, or shared memory
     /// (which lends by its own means, [`ShmOptions::pull_min`]).
@@ -106,6 +108,13 @@ pub struct StreamOptions {
     /// Zero: every message goes through the writer task. Not used by io_uring, TLS,
     /// several connections per peer, or shared memory (which writes small messages
     /// into its ring directly by its own means).
+    ///
+    /// Lent messages ([`StreamOptions::tcp_lend`]) of up to [`StreamOptions::fragment`]
+    /// go the same way, whatever their size, when this is not zero: header and
+    /// payload in one `writev(2)` from the caller's memory, and a rest the kernel did
+    /// not take lent to the writer task. An exchange's send then starts at once,
+    /// not after the writer task's turn, which the reader's and the receive's turns
+    /// could come before (BENCHMARKS.md, session 31).
     pub tcp_direct: usize,
     /// Data messages of at most this many bytes (and not more than `tcp_direct`)
     /// to a plain tokio TCP peer that are queued for the writer task rather than
@@ -535,6 +544,8 @@ pub struct StreamTransport {
     lend_min: Vec<usize>,
     /// Messages lent to TCP writers, and those of them revoked by a dropped future.
     loans: (AtomicU64, Arc<AtomicU64>),
+    /// [`StreamOptions::fragment`]: the largest lent message written directly.
+    fragment: usize,
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -665,6 +676,7 @@ impl StreamTransport {
             direct_writes: (AtomicU64::new(0), AtomicU64::new(0)),
             lend_min: vec![usize::MAX; size],
             loans: (AtomicU64::new(0), Arc::new(AtomicU64::new(0))),
+            fragment: StreamOptions::default().fragment,
         };
         (t, rxs)
     }
@@ -685,6 +697,7 @@ impl StreamTransport {
         opts: &StreamOptions,
     ) -> StreamTransport {
         let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
+        t.fragment = opts.fragment;
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         let mut inboxes = vec![None; links.len()];
         let mut polled: Vec<Option<std::sync::Weak<dyn hcomm_core::mailbox::PollLink>>> = vec![None; links.len()];
@@ -848,7 +861,7 @@ impl StreamTransport {
         }
         if direct
             && header.kind == FrameKind::Data
-            && let Some(done) = self.write_direct(peer, header, &payload, want_done)
+            && let Some(done) = self.write_direct(peer, header, &payload, want_done, None)
         {
             return done;
         }
@@ -871,20 +884,25 @@ impl StreamTransport {
     /// it and the writer task holds nothing: `Some(Ok(None))` once the kernel has it
     /// all; if it took only part, the rest is queued to the writer task (ahead of
     /// anything queued later, with the receiver of its hand-over if `want_done`).
-    /// `None`: nothing was written, the caller queues the message.
+    /// `None`: nothing was written, the caller queues the message. With `loan` (of
+    /// `data`), the message may be as large as a fragment, is never held back as
+    /// part of a burst, and the rest of its payload is lent to the writer instead of
+    /// copied.
     fn write_direct(
         &self,
         peer: Rank,
         mut header: Header,
         data: &[u8],
         want_done: bool,
+        loan: Option<&Arc<Loan>>,
     ) -> Option<Result<Option<oneshot::Receiver<Result<()>>>>> {
         let inbox = self.tcp_direct.get(peer)?.as_ref()?;
         if hcomm_core::transport::gathering() {
             return None;
         }
         let len = data.len();
-        if len > self.tcp_direct_max || self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 {
+        let most = if loan.is_some() { self.fragment } else { self.tcp_direct_max };
+        if len > most || self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 {
             return None;
         }
         let mut wire = self.shared.wire[peer].try_lock()?;
@@ -893,10 +911,13 @@ impl StreamTransport {
         }
         // The clock only if the last direct write is not awaited yet (0 once it is),
         // or, for a message small enough to be sent eagerly, nothing came from the
-        // peer since.
+        // peer since. A lent message is never gathered: its payload is written alone.
         let ends = if len <= self.tcp_eager_max { &self.shared.eager_end } else { &self.shared.direct_end };
         let last = ends[peer].load(Ordering::Relaxed);
-        if last != 0 && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last) < BURST_GAP.as_nanos() as u64 {
+        if loan.is_none()
+            && last != 0
+            && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last) < BURST_GAP.as_nanos() as u64
+        {
             // A burst: the writer task gathers it into few system calls.
             return None;
         }
@@ -929,13 +950,6 @@ impl StreamTransport {
             Err(_) if lazy.is_empty() => return None,
             Err(_) => 0,
         };
-        let mut rest = BytesMut::with_capacity(total - n);
-        let mut skip = n;
-        for part in [lazy, &head[..], data] {
-            let from = skip.min(part.len());
-            rest.extend_from_slice(&part[from..]);
-            skip -= from;
-        }
         let (tx, rx) = match want_done {
             true => {
                 let (tx, rx) = oneshot::channel();
@@ -943,11 +957,25 @@ impl StreamTransport {
             }
             false => (None, None),
         };
+        // What is left: of a lent payload, the end of the header (if any) copied and
+        // the rest of the payload lent; otherwise all of it copied.
+        let parts: &[&[u8]] = if loan.is_some() { &[lazy, &head[..]] } else { &[lazy, &head[..], data] };
+        let mut rest = BytesMut::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>().saturating_sub(n));
+        let mut skip = n;
+        for part in parts {
+            let from = skip.min(part.len());
+            rest.extend_from_slice(&part[from..]);
+            skip -= from;
+        }
+        let rest = match loan {
+            Some(loan) => Outgoing::lent_rest(header, rest.freeze(), loan.clone(), skip, tx),
+            None => Outgoing::rest(header, rest.freeze(), tx),
+        };
         self.direct_writes.1.fetch_add(1, Ordering::Relaxed);
         // Still under the wire lock: nothing can be queued before the rest.
         self.shared.unwritten[peer].fetch_add(1, Ordering::Relaxed);
         let link = self.links[peer].as_ref().expect("a TCP peer has a writer");
-        if link.send(Outgoing::rest(header, rest.freeze(), tx)).is_err() {
+        if link.send(rest).is_err() {
             self.shared.unwritten[peer].fetch_sub(1, Ordering::Relaxed);
             // The writer is gone mid-frame: the connection is of no more use.
             return Some(Err(self.mailbox.peer_failure(peer).unwrap_or_else(|| {
@@ -1117,7 +1145,8 @@ impl StreamTransport {
                 // `data` when nothing is queued before it (tried once: the copy is
                 // queued without another try).
                 _ if self.tcp_direct.get(peer).is_some_and(Option::is_some) => {
-                    let written = (header.kind == FrameKind::Data).then(|| self.write_direct(peer, header, data, true));
+                    let written =
+                        (header.kind == FrameKind::Data).then(|| self.write_direct(peer, header, data, true, None));
                     written
                         .flatten()
                         .unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, false))
@@ -1154,16 +1183,20 @@ impl StreamTransport {
     ) -> impl Future<Output = Result<()>> + Send + use<'s, 'd> {
         header.src = self.rank as u32;
         let loan = Arc::new(Loan::new(data));
+        // Up to a fragment, written in this call if the writer is idle (as small
+        // messages are, `write_direct`); what the kernel does not take then goes to
+        // the writer, lent as the rest would have been.
         let queued = match self.mailbox.peer_failure(peer) {
             Some(e) => Err(e),
-            None => self.queue_outgoing(
-                peer,
-                Outgoing { header, payload: Bytes::new(), lent: Some(loan.clone()), done: None, raw: false },
-                true,
-            ),
+            None => match self.write_direct(peer, header, data, true, Some(&loan)) {
+                Some(written) => written,
+                None => self.queue_outgoing(peer, Outgoing::lent(header, loan.clone()), true),
+            },
         };
-        // Nothing queued: nothing lent, nothing to revoke.
-        let mut lender = Lender { loan, data, done: queued.is_err(), revoked: self.loans.1.clone() };
+        // Nothing queued (failed, or written whole already): nothing left with the
+        // writer, nothing to revoke.
+        let with_writer = matches!(queued, Ok(Some(_)));
+        let mut lender = Lender { loan, data, done: !with_writer, revoked: self.loans.1.clone() };
         if queued.is_ok() {
             self.loans.0.fetch_add(1, Ordering::Relaxed);
         }
@@ -1323,16 +1356,19 @@ impl StreamTransport {
         b
     }
 
-    /// How many messages [`Transport::send_borrowed`] lent to TCP writers
-    /// ([`StreamOptions::tcp_lend`]), and how many of those were revoked (copied)
-    /// because their future was dropped before the writer had sent them.
+    /// How many messages [`Transport::send_borrowed`] sent to TCP peers out of the
+    /// caller's memory ([`StreamOptions::tcp_lend`]: lent to the writer, or written by
+    /// the sending task itself, see [`StreamOptions::tcp_direct`]), and how many were
+    /// revoked (copied) because their future was dropped before the writer had sent
+    /// them.
     pub fn tcp_loans(&self) -> (u64, u64) {
         (self.loans.0.load(Ordering::Relaxed), self.loans.1.load(Ordering::Relaxed))
     }
 
     /// Data messages the sending task wrote to a plain TCP connection itself
-    /// ([`StreamOptions::tcp_direct`]): how many went whole, and how many the
-    /// kernel took only in part (their rest went through the writer task).
+    /// ([`StreamOptions::tcp_direct`], and lent messages of up to a fragment): how
+    /// many went whole, and how many the kernel took only in part (their rest went
+    /// through the writer task).
     pub fn tcp_direct_writes(&self) -> (u64, u64) {
         (self.direct_writes.0.load(Ordering::Relaxed), self.direct_writes.1.load(Ordering::Relaxed))
     }

@@ -1,9 +1,11 @@
 //! Small sends written to the socket by the sending task itself
 //! (`StreamOptions::tcp_direct`, `HCOMM_TCP_DIRECT`, up to 64 KiB by default) when
-//! the connection's writer task holds nothing: they arrive whole and in order among
-//! queued ones; a write the kernel takes only in part (a peer that stopped reading)
-//! leaves its rest to the writer, ahead of what is queued later; off, nothing is
-//! written directly. Ranks are tasks of this process, linked by loopback TCP.
+//! the connection's writer task holds nothing, and lent ones (sends of slices from
+//! 64 KiB, `tcp_lend`) up to a fragment (512 KiB): they arrive whole and in order
+//! among queued ones; a write the kernel takes only in part (a peer that stopped
+//! reading) leaves its rest to the writer, ahead of what is queued later, and a lent
+//! rest is revoked (copied) if its send is dropped; off, nothing is written
+//! directly. Ranks are tasks of this process, linked by loopback TCP.
 
 use std::time::Duration;
 
@@ -29,7 +31,7 @@ async fn replies_go_directly_and_arrive_whole() {
         .await
         .unwrap();
         let (a, b) = (&comms[0], &comms[1]);
-        let sizes = [0, 1, 7, 4099, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 300_007];
+        let sizes = [0, 1, 7, 4099, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 300_007, 512 << 10, 600_001];
         for (i, &len) in sizes.iter().enumerate() {
             let data = random_bytes(len, i as u64);
             let (s, r) = futures::join!(a.send(1, 3, &data), b.recv::<u8>(0, 3));
@@ -40,17 +42,20 @@ async fn replies_go_directly_and_arrive_whole() {
             s.unwrap();
             assert!(r.unwrap() == data, "reply of {len} B");
         }
-        // A slice of 64 KiB is lent to the writer (`tcp_lend`) instead; owned bytes
-        // of 64 KiB go directly.
-        let slices = sizes.iter().filter(|&&l| l < 64 << 10).count() as u64;
+        // A slice of 64 KiB or more is lent (`tcp_lend`), and goes directly up to a
+        // fragment (512 KiB); owned bytes go directly up to 64 KiB.
+        let slices = sizes.iter().filter(|&&l| l <= 512 << 10).count() as u64;
         let owned = sizes.iter().filter(|&&l| l <= 64 << 10).count() as u64;
         let (whole_a, part_a) = direct(a);
         let (whole_b, part_b) = direct(b);
         match off {
             true => assert_eq!((whole_a + part_a, whole_b + part_b), (0, 0)),
-            // Each small send found its writer idle; none above the limit went directly.
+            // Each send found its writer idle; none above its limit went directly.
             false => assert_eq!((whole_a + part_a, whole_b + part_b), (slices, owned)),
         }
+        // Every slice from 64 KiB was sent out of its caller's memory, none revoked.
+        let lent = sizes.iter().filter(|&&l| l >= 64 << 10).count() as u64;
+        assert_eq!(a.transport().tcp_loans(), (lent, 0));
     }
 }
 
@@ -104,6 +109,64 @@ fn a_direct_write_taken_in_part_keeps_the_stream_in_order() {
     receiver.join().unwrap();
     assert!(part >= 1, "no direct write was taken in part ({whole} whole)");
     assert!(whole >= 100, "{whole} whole direct writes");
+}
+
+/// Lent sends (64-512 KiB slices) to a receiver that holds its thread: they go
+/// directly until the kernel's buffers fill, then one is taken in part and its rest
+/// is lent to the writer. That send's future is dropped before the writer could
+/// finish (the receiver still reads nothing) and its buffer overwritten at once: the
+/// loan is revoked, and the receiver still gets every message whole, in order, the
+/// dropped one as its buffer held it at the call.
+#[test]
+fn a_lent_direct_write_taken_in_part_is_revoked_when_its_send_is_dropped() {
+    let port = free_port();
+    let len = |i: usize| (64 << 10) + (i * 104_729) % (448 << 10);
+    let limit = 2000;
+    let (count_tx, count_rx) = std::sync::mpsc::channel();
+    let sender = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let comm = config(0, port).connect().await.unwrap();
+            let mut sent = 0;
+            while sent < limit {
+                let mut buf = random_bytes(len(sent), 500 + sent as u64);
+                let send = comm.send(1, 8, &buf);
+                let done = tokio::time::timeout(Duration::from_millis(100), send).await;
+                sent += 1;
+                if let Ok(r) = done {
+                    r.unwrap();
+                    continue;
+                }
+                // Dropped with its rest still with the writer: the buffer is ours again.
+                buf.fill(0xEE);
+                break;
+            }
+            count_tx.send(sent).unwrap();
+            let counts = (comm.transport().tcp_direct_writes(), comm.transport().tcp_loans());
+            comm.finalize().await.unwrap();
+            (sent, counts)
+        })
+    });
+    let receiver = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let comm = config(1, port).connect().await.unwrap();
+            let count = count_rx.recv().unwrap();
+            for i in 0..count {
+                let got: Vec<u8> = comm.recv(0, 8).await.unwrap();
+                assert!(got == random_bytes(len(i), 500 + i as u64), "message {i} out of order or corrupted");
+            }
+            comm.finalize().await.unwrap();
+        });
+    });
+    let (sent, ((whole, part), loans)) = sender.join().unwrap();
+    receiver.join().unwrap();
+    assert!(sent < limit, "{sent} sends of 64-512 KiB never filled the kernel's buffers");
+    // Each send found the writer idle; the last one went in part (or, if the one
+    // before filled the buffers exactly, found no room and went to the writer).
+    assert!(part <= 1 && whole + part >= sent as u64 - 1, "{whole} whole and {part} partial of {sent}");
+    assert_eq!(whole, sent as u64 - 1, "every send before the last went whole");
+    assert_eq!(loans, (sent as u64, 1), "all sent from the caller's memory, the last one's rest revoked");
 }
 
 /// Without eager sends (`tcp_eager` 0), sends awaited one after another go to the
