@@ -80,7 +80,7 @@ pub struct StreamOptions {
     /// Messages of this many bytes and more that [`Transport::send_borrowed`] sends to
     /// a peer over a plain tokio TCP connection are lent, not copied: the writer task
     /// sends them straight from the caller's memory (or the sending task itself, in
-    /// its call, if the message is at most a fragment and the writer is idle; see
+    /// its call, if the message is at most 1 MiB and the writer is idle; see
     /// [`StreamOptions::tcp_direct`]), and the send future completes once the kernel
     /// has all of it ([`crate::loan`]). Zero: always copied at the
     /// call. Not used by io_uring (whose kernel reads a buffer after the submitting
@@ -109,8 +109,8 @@ pub struct StreamOptions {
     /// several connections per peer, or shared memory (which writes small messages
     /// into its ring directly by its own means).
     ///
-    /// Lent messages ([`StreamOptions::tcp_lend`]) of up to [`StreamOptions::fragment`]
-    /// go the same way, whatever their size, when this is not zero: header and
+    /// Lent messages ([`StreamOptions::tcp_lend`]) of up to 1 MiB go the same way,
+    /// whatever this size, when it is not zero: header and
     /// payload in one `writev(2)` from the caller's memory, and a rest the kernel did
     /// not take lent to the writer task. An exchange's send then starts at once,
     /// not after the writer task's turn, which the reader's and the receive's turns
@@ -193,6 +193,14 @@ const LAZY_RUN_FLUSH: usize = 4 << 10;
 
 /// Default of [`StreamOptions::tcp_direct`] (`HCOMM_TCP_DIRECT`).
 pub const DEFAULT_TCP_DIRECT: usize = 64 << 10;
+
+/// The largest lent message ([`StreamOptions::tcp_lend`]) the sending task writes to
+/// the socket itself ([`StreamOptions::tcp_direct`]), as one whole frame: a message
+/// queued behind the unwritten rest of one waits for at most this much. 2-rank
+/// broadcasts of 1-4 MiB took 0.89-0.92x the time of a limit of 512 KiB (the
+/// fragment) with a limit of 4 MiB; 1 MiB is where the targets of issue 4 needed it
+/// (BENCHMARKS.md, session 31).
+const DIRECT_LENT_MAX: usize = 1 << 20;
 
 /// Default of [`StreamOptions::tcp_lend`] (`HCOMM_TCP_LEND`).
 pub const DEFAULT_TCP_LEND: usize = 64 << 10;
@@ -544,8 +552,6 @@ pub struct StreamTransport {
     lend_min: Vec<usize>,
     /// Messages lent to TCP writers, and those of them revoked by a dropped future.
     loans: (AtomicU64, Arc<AtomicU64>),
-    /// [`StreamOptions::fragment`]: the largest lent message written directly.
-    fragment: usize,
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -676,7 +682,6 @@ impl StreamTransport {
             direct_writes: (AtomicU64::new(0), AtomicU64::new(0)),
             lend_min: vec![usize::MAX; size],
             loans: (AtomicU64::new(0), Arc::new(AtomicU64::new(0))),
-            fragment: StreamOptions::default().fragment,
         };
         (t, rxs)
     }
@@ -697,7 +702,6 @@ impl StreamTransport {
         opts: &StreamOptions,
     ) -> StreamTransport {
         let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
-        t.fragment = opts.fragment;
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         let mut inboxes = vec![None; links.len()];
         let mut polled: Vec<Option<std::sync::Weak<dyn hcomm_core::mailbox::PollLink>>> = vec![None; links.len()];
@@ -885,7 +889,7 @@ impl StreamTransport {
     /// all; if it took only part, the rest is queued to the writer task (ahead of
     /// anything queued later, with the receiver of its hand-over if `want_done`).
     /// `None`: nothing was written, the caller queues the message. With `loan` (of
-    /// `data`), the message may be as large as a fragment, is never held back as
+    /// `data`), the message may be as large as [`DIRECT_LENT_MAX`], is never held back as
     /// part of a burst, and the rest of its payload is lent to the writer instead of
     /// copied.
     fn write_direct(
@@ -901,7 +905,7 @@ impl StreamTransport {
             return None;
         }
         let len = data.len();
-        let most = if loan.is_some() { self.fragment } else { self.tcp_direct_max };
+        let most = if loan.is_some() { DIRECT_LENT_MAX } else { self.tcp_direct_max };
         if len > most || self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 {
             return None;
         }
@@ -1183,7 +1187,7 @@ impl StreamTransport {
     ) -> impl Future<Output = Result<()>> + Send + use<'s, 'd> {
         header.src = self.rank as u32;
         let loan = Arc::new(Loan::new(data));
-        // Up to a fragment, written in this call if the writer is idle (as small
+        // Up to 1 MiB, written in this call if the writer is idle (as small
         // messages are, `write_direct`); what the kernel does not take then goes to
         // the writer, lent as the rest would have been.
         let queued = match self.mailbox.peer_failure(peer) {
@@ -1366,7 +1370,7 @@ impl StreamTransport {
     }
 
     /// Data messages the sending task wrote to a plain TCP connection itself
-    /// ([`StreamOptions::tcp_direct`], and lent messages of up to a fragment): how
+    /// ([`StreamOptions::tcp_direct`], and lent messages of up to 1 MiB): how
     /// many went whole, and how many the kernel took only in part (their rest went
     /// through the writer task).
     pub fn tcp_direct_writes(&self) -> (u64, u64) {

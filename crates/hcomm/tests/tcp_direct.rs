@@ -1,7 +1,7 @@
 //! Small sends written to the socket by the sending task itself
 //! (`StreamOptions::tcp_direct`, `HCOMM_TCP_DIRECT`, up to 64 KiB by default) when
 //! the connection's writer task holds nothing, and lent ones (sends of slices from
-//! 64 KiB, `tcp_lend`) up to a fragment (512 KiB): they arrive whole and in order
+//! 64 KiB, `tcp_lend`) up to 1 MiB: they arrive whole and in order
 //! among queued ones; a write the kernel takes only in part (a peer that stopped
 //! reading) leaves its rest to the writer, ahead of what is queued later, and a lent
 //! rest is revoked (copied) if its send is dropped; off, nothing is written
@@ -31,7 +31,7 @@ async fn replies_go_directly_and_arrive_whole() {
         .await
         .unwrap();
         let (a, b) = (&comms[0], &comms[1]);
-        let sizes = [0, 1, 7, 4099, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 300_007, 512 << 10, 600_001];
+        let sizes = [0, 1, 7, 4099, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 300_007, 1 << 20, (1 << 20) + 1];
         for (i, &len) in sizes.iter().enumerate() {
             let data = random_bytes(len, i as u64);
             let (s, r) = futures::join!(a.send(1, 3, &data), b.recv::<u8>(0, 3));
@@ -42,9 +42,9 @@ async fn replies_go_directly_and_arrive_whole() {
             s.unwrap();
             assert!(r.unwrap() == data, "reply of {len} B");
         }
-        // A slice of 64 KiB or more is lent (`tcp_lend`), and goes directly up to a
-        // fragment (512 KiB); owned bytes go directly up to 64 KiB.
-        let slices = sizes.iter().filter(|&&l| l <= 512 << 10).count() as u64;
+        // A slice of 64 KiB or more is lent (`tcp_lend`), and goes directly up to
+        // 1 MiB; owned bytes go directly up to 64 KiB.
+        let slices = sizes.iter().filter(|&&l| l <= 1 << 20).count() as u64;
         let owned = sizes.iter().filter(|&&l| l <= 64 << 10).count() as u64;
         let (whole_a, part_a) = direct(a);
         let (whole_b, part_b) = direct(b);

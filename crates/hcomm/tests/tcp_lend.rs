@@ -79,9 +79,8 @@ async fn lent_and_copied_messages_under_one_tag_keep_their_order() {
 /// A send future dropped before the writer ran: the loan is revoked (the buffer
 /// copied), so the receiver gets what the buffer held at the call although it is
 /// overwritten right after the drop. Without the revocation the writer would send the
-/// overwritten bytes. A message of up to a fragment (512 KiB) the sending task writes
-/// itself at the call, as the writer is idle: written whole, nothing is left to
-/// revoke.
+/// overwritten bytes. A message of up to 1 MiB the sending task writes itself at
+/// the call, as the writer is idle: written whole, nothing is left to revoke.
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_dropped_before_the_writer_ran_delivers_what_its_buffer_held() {
     let mut comms = hcomm::local_tcp(2).await.unwrap();
