@@ -29,8 +29,10 @@ async fn every_receive_of_lent_sends_across_the_threshold() {
     let comms = hcomm::local_tcp(2).await.unwrap();
     let (a, b) = (&comms[0], &comms[1]);
     assert_eq!(a.transport_name(), "tcp");
-    // Beyond one fragment (512 KiB) and not a multiple of it, too.
-    let sizes = [0, 1, 4099, LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 1_048_583, 3_000_017];
+    // Beyond one fragment (512 KiB) and not a multiple of it, too; up to 1 MiB a lent
+    // message goes as one frame written by the sending task (landing at 512 KiB and
+    // 1 MiB), beyond it through the writer in fragments.
+    let sizes = [0, 1, 4099, LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 512 << 10, 1 << 20, 1_048_583, 3_000_017];
     let mut tag = 0;
     for (i, &len) in sizes.iter().enumerate() {
         let data = random_bytes(len, i as u64);
@@ -149,7 +151,8 @@ fn landed(c: &Communicator<StreamTransport>) -> (u64, u64, u64) {
 async fn large_receives_land_in_their_buffer() {
     let comms = hcomm::local_tcp_with(2, |c| c.stream.tcp_land = 1).await.unwrap();
     let (a, b) = (&comms[0], &comms[1]);
-    let sizes = [LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 1_048_583, 3_000_017, 9_000_001];
+    // Up to 1 MiB each message is one frame the sending task wrote; beyond, fragments.
+    let sizes = [LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 512 << 10, 1 << 20, 1_048_583, 3_000_017, 9_000_001];
     for (i, &len) in sizes.iter().enumerate() {
         let data = random_bytes(len, 200 + i as u64);
         let mut out = vec![0u8; len];
