@@ -6,11 +6,14 @@
 //!     [--min 4] [--max 64M] [--iters N] [--warmup N] [--window 64]
 //!     [--algo allreduce=ring] [--csv out.csv] [--json out.json]
 //!     [--plot busbw.svg [--plot-op allreduce] [--with earlier.json ...]]
+//!     [--runtime multi|current] [--timing osu|b2b]
 //! ```
 //!
 //! Sizes double from `--min` to `--max`. For each operation and size every rank runs
-//! `--warmup` untimed then `--iters` timed operations back to back after a barrier;
-//! its time per operation is the mean; the table gives the mean, minimum and maximum
+//! `--warmup` untimed then `--iters` timed operations after a barrier: by default each
+//! alone, with an untimed barrier after it (OSU's way), or back to back under one
+//! timer (`--timing b2b`); its time per operation is the mean. Ranks run on tokio's
+//! multi-thread runtime unless `--runtime current` says otherwise; the table gives the mean, minimum and maximum
 //! of that over ranks, algbw = size / time and busbw = algbw × the nccl-tests factor
 //! (allreduce 2(n−1)/n; allgather, reduce_scatter and alltoall (n−1)/n; broadcast
 //! and point to point 1). As in nccl-tests, the size of allgather, reduce_scatter and
@@ -94,6 +97,15 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// The ranks' tokio runtime: `multi` (the multi-thread runtime most applications
+    /// run, one worker per core) or `current` (a current-thread runtime).
+    #[arg(long, default_value = "multi", value_parser = ["multi", "current"])]
+    runtime: String,
+    /// `osu`: each operation timed alone with an untimed barrier after it, as the OSU
+    /// micro-benchmarks time collectives; `b2b`: operations back to back, one timer
+    /// around them all.
+    #[arg(long, default_value = "osu", value_parser = ["osu", "b2b"])]
+    timing: String,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -426,11 +438,24 @@ async fn measure<T: LocalTransport>(
         once(comm, op, f, &mut bufs, a.window).await?;
     }
     comm.barrier().await?;
-    let t = Instant::now();
-    for _ in 0..it {
-        once(comm, op, f, &mut bufs, a.window).await?;
-    }
-    let per_op = t.elapsed().as_secs_f64() / it as f64;
+    let per_op = if a.timing == "osu" {
+        // Each operation alone: the barrier after it keeps the next from overlapping
+        // it, and its time is not counted.
+        let mut total = Duration::ZERO;
+        for _ in 0..it {
+            let t = Instant::now();
+            once(comm, op, f, &mut bufs, a.window).await?;
+            total += t.elapsed();
+            comm.barrier().await?;
+        }
+        total.as_secs_f64() / it as f64
+    } else {
+        let t = Instant::now();
+        for _ in 0..it {
+            once(comm, op, f, &mut bufs, a.window).await?;
+        }
+        t.elapsed().as_secs_f64() / it as f64
+    };
     // Point to point: rank 0's view (half a round trip; a window's time per message).
     let mine = match op {
         Op::Latency | Op::LatencyBytes => per_op / 2.0,
@@ -641,12 +666,18 @@ fn finish(a: &Args, how: &str, rows: Vec<Row>) {
     let (ranks, transport) =
         rows.first().map(|r| (r.ranks, r.transport.clone())).unwrap_or((a.ranks, a.transport.clone()));
     let unix_time = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs();
-    let label = format!("hcomm {transport}, {ranks} ranks ({how})");
+    let label = format!("hcomm {transport}, {ranks} ranks ({how}, {} runtime, {} timing)", a.runtime, a.timing);
     outputs(a, Some(Run { label, unix_time, ranks, transport, how: how.to_string(), rows }));
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e))
+/// The ranks' runtime, as `--runtime` says (the launcher's own runtime is always a
+/// current-thread one: it only waits for its children).
+fn runtime(a: &Args) -> tokio::runtime::Runtime {
+    let mut b = match a.runtime.as_str() {
+        "multi" => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    b.enable_all().build().unwrap_or_else(|e| fail(e))
 }
 
 fn main() {
@@ -671,13 +702,13 @@ fn main() {
     let f = Forced::parse(&a.algo).unwrap_or_else(|e| fail(e));
     let launched = hcomm::env::LaunchEnv::launched();
     match (a.transport.as_str(), launched) {
-        ("mem", _) => runtime().block_on(async {
+        ("mem", _) => runtime(&a).block_on(async {
             let comms = hcomm::local(a.ranks);
             let rows = futures::future::join_all(comms.iter().map(|c| bench(c, &a, &f))).await;
             let rows: Vec<Vec<Row>> = rows.into_iter().map(|r| r.unwrap_or_else(|e| fail(e))).collect();
             finish(&a, "tasks in one process", rows.into_iter().next().unwrap_or_default());
         }),
-        ("tcp" | "shm", true) => runtime().block_on(async {
+        ("tcp" | "shm", true) => runtime(&a).block_on(async {
             let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
             cfg.shm = a.transport == "shm";
             let comm = cfg.connect().await.unwrap_or_else(|e| fail(e));
@@ -702,7 +733,7 @@ fn main() {
             comm.finalize().await.unwrap_or_else(|e| fail(e));
         }),
         #[cfg(all(feature = "rdma", target_os = "linux"))]
-        ("rdma", true) => runtime().block_on(async {
+        ("rdma", true) => runtime(&a).block_on(async {
             let comm =
                 hcomm::Config::from_env().unwrap_or_else(|e| fail(e)).connect_rdma().await.unwrap_or_else(|e| fail(e));
             let comm = hcomm::measure_from_env(comm).await.unwrap_or_else(|e| fail(e));
@@ -722,7 +753,8 @@ fn main() {
                 prefix: false,
                 env: Vec::new(),
             };
-            let out = runtime().block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
+            let out = rt.block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
             std::process::exit(out.code);
         }
         (other, _) => fail(format!(

@@ -273,9 +273,19 @@ pub struct Progress {
     /// nothing to poll, no spinning for it.
     pub link: Box<dyn Fn(Rank) -> Option<Arc<dyn PollLink>> + Send + Sync>,
     /// How long a receive from such a peer keeps polling inside one `poll` of its
-    /// future before it returns `Pending`: a spin that holds the thread, for the
-    /// lowest latency (zero: none; the receive then polls once per wake-up).
+    /// future before it returns `Pending`: a spin that holds the thread, so that a
+    /// reply that comes soon is taken without a wake-up of this task from another
+    /// thread (zero: none; the receive then polls once per wake-up).
     pub spin: Duration,
+    /// Whether this rank has work queued for its own tasks (a writer task holding a
+    /// message): a receive then stops spinning and returns `Pending`, since a task it
+    /// woke may wait for this thread (tokio runs a task woken from a worker on that
+    /// worker next, and no other worker takes it), and the peer may wait for it.
+    pub busy: Box<dyn Fn() -> bool + Send + Sync>,
+    /// Whether a spinning receive gives the processor to other processes between
+    /// tries (`sched_yield`), where ranks outnumber processors and the peer it waits
+    /// for may need this one.
+    pub yield_os: bool,
 }
 
 /// A link that a receive can poll: see [`Progress`].
@@ -325,11 +335,6 @@ const NO_PEER: u32 = u32::MAX;
 /// The sequence number an abort frame carries when it aborts the whole communicator.
 pub const COMM_ABORT_SEQ: u64 = u64::MAX;
 
-/// The communicator id under which a transport tells a lending send that the peer
-/// has its message (sequence number: the loan's number). Communicator ids are hashes,
-/// so no communicator has it.
-pub const LOAN_COMM: u64 = u64::MAX;
-
 /// Tells a receive's landing that the receive is gone, when its future is dropped (or
 /// done).
 #[derive(Debug)]
@@ -354,6 +359,10 @@ pub struct RecvFrame {
     owner: Option<OwnerGuard>,
     /// Not polled yet ([`PollLink::poll_first`]).
     first: bool,
+    /// Whether its polls may spin ([`Progress::spin`]).
+    spin: bool,
+    /// When its spin ends, once it began.
+    spin_end: Option<Instant>,
 }
 
 /// Where a [`RecvFrame`] stands.
@@ -392,16 +401,28 @@ impl RecvFrame {
         // The link first, and the waker registered only if that brought nothing: a
         // message the poll itself reads is taken without a wake-up of this task (which
         // registering first would cost).
+        let mut yielding = false;
         if let Some(p) = &self.progress {
+            let deadline = self.spin.then_some(&mut self.spin_end);
             let polled = match &self.owner {
-                Some(OwnerGuard(l)) => poll_link(p, self.src, rx, |link| link.poll_into(l, dst)),
-                None if self.first => poll_link(p, self.src, rx, |link| link.poll_first()),
-                None => poll_link(p, self.src, rx, |link| link.poll()),
+                Some(OwnerGuard(l)) => poll_link(p, self.src, rx, deadline, |link| link.poll_into(l, dst)),
+                None if self.first => {
+                    let mut first = true;
+                    poll_link(p, self.src, rx, deadline, |link| match std::mem::take(&mut first) {
+                        true => link.poll_first(),
+                        false => link.poll(),
+                    })
+                }
+                None => poll_link(p, self.src, rx, deadline, |link| link.poll()),
             };
             self.first = false;
-            if let Some(r) = polled {
-                self.posted = Posted::Done;
-                return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
+            match polled {
+                Polled::Done(r) => {
+                    self.posted = Posted::Done;
+                    return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
+                }
+                Polled::Yield => yielding = true,
+                Polled::Wait => {}
             }
         }
         if let Some(OwnerGuard(l)) = &self.owner {
@@ -412,7 +433,14 @@ impl RecvFrame {
                 self.posted = Posted::Done;
                 Poll::Ready(r.unwrap_or_else(|_| Err(closed())))
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if yielding {
+                    // Polled again once the executor has run what this rank queued
+                    // (a writer task, most often), within the same spin.
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Pending
+            }
         }
     }
 }
@@ -424,10 +452,12 @@ fn dropped_while_waiting(rank: Rank) -> Error {
 
 impl RecvFrame {
     /// The receive, made not to read its link in its first poll
-    /// ([`PollLink::poll_first`]): for a message not expected soon (an argument
-    /// check's, which comes lazily), where that read would only cost a system call.
+    /// ([`PollLink::poll_first`]) and never to spin: for a message not expected soon
+    /// (an argument check's, which comes lazily), where that read would only cost a
+    /// system call and a spin would only hold the thread.
     pub fn passive(mut self) -> RecvFrame {
         self.first = false;
+        self.spin = false;
         self
     }
 
@@ -486,48 +516,77 @@ impl<'a> Future for RecvFrameInto<'a> {
     }
 }
 
+/// What [`poll_link`] found.
+enum Polled {
+    /// The receive's outcome (`Err(())`: the mailbox went away).
+    Done(std::result::Result<Result<Frame>, ()>),
+    /// Nothing yet, and no more spinning: wait to be woken.
+    Wait,
+    /// Nothing yet, and this rank has work queued for its other tasks: give the
+    /// thread back to the executor for a moment, and poll again soon.
+    Yield,
+}
+
 /// Polls `src`'s link (see [`Progress`]) until `rx` holds the message or the spin is
-/// over; `None` if it still waits. The waker `rx` registered stays registered.
-#[allow(clippy::type_complexity)]
+/// over. The spin's end is `deadline`, set at the first spin of the receive, so that
+/// a receive that yields (see [`Polled::Yield`]) spins no longer in all than one
+/// that does not. The waker `rx` registered stays registered.
 fn poll_link(
     p: &Progress,
     src: Rank,
     rx: &mut oneshot::Receiver<Result<Frame>>,
+    deadline: Option<&mut Option<Instant>>,
     mut poll: impl FnMut(&dyn PollLink) -> bool,
-) -> Option<std::result::Result<Result<Frame>, ()>> {
+) -> Polled {
     let check = |rx: &mut oneshot::Receiver<Result<Frame>>| match rx.try_recv() {
         Ok(r) => Some(Ok(r)),
         Err(oneshot::error::TryRecvError::Empty) => None,
         Err(oneshot::error::TryRecvError::Closed) => Some(Err(())),
     };
+    let done_or = |r: Option<std::result::Result<Result<Frame>, ()>>, other: Polled| r.map_or(other, Polled::Done);
     if let Some(r) = check(rx) {
-        return Some(r);
+        return Polled::Done(r);
     }
-    let link = (p.link)(src)?;
+    let Some(link) = (p.link)(src) else { return Polled::Wait };
     if !poll(&*link) {
-        return check(rx);
+        return done_or(check(rx), Polled::Wait);
     }
     if let Some(r) = check(rx) {
-        return Some(r);
+        return Polled::Done(r);
     }
-    if p.spin.is_zero() || !link.spins() {
-        return None;
+    let Some(deadline) = deadline.filter(|_| !p.spin.is_zero() && link.spins()) else { return Polled::Wait };
+    let end = *deadline.get_or_insert_with(|| Instant::now() + p.spin);
+    if Instant::now() >= end {
+        return Polled::Wait;
+    }
+    if (p.busy)() {
+        return Polled::Yield;
     }
     // One `pause` per try (it lets the line the peer writes move without a pipeline
-    // flush; measured: without it the round trip is slower); the clock only every 64
-    // tries, from the 64th (a reply that comes sooner reads none).
-    let mut start = None;
+    // flush); the clock and the queued work only every 64 tries (a reply that comes
+    // sooner reads neither).
     for tries in 1u32.. {
-        std::hint::spin_loop();
-        poll(&*link);
-        if let Some(r) = check(rx) {
-            return Some(r);
+        if p.yield_os {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
-        if tries % 64 == 0 && start.get_or_insert_with(Instant::now).elapsed() >= p.spin {
-            break;
+        if !poll(&*link) {
+            return done_or(check(rx), Polled::Wait);
+        }
+        if let Some(r) = check(rx) {
+            return Polled::Done(r);
+        }
+        if tries % 64 == 0 {
+            if Instant::now() >= end {
+                return Polled::Wait;
+            }
+            if (p.busy)() {
+                return Polled::Yield;
+            }
         }
     }
-    None
+    unreachable!("the loop returns")
 }
 
 /// Decodes an abort frame's payload: an error-kind byte, the peer the error names
@@ -624,19 +683,6 @@ impl Mailbox {
         }
     }
 
-    /// Hands a data frame to the receive that waits for it, if one does; otherwise
-    /// gives it back (and the caller may [`deliver`](Mailbox::deliver) it later, in
-    /// the order frames with its key arrived). A frame of an aborted operation is
-    /// dropped (`None`).
-    pub fn deliver_waiting(&self, frame: Frame) -> Option<Frame> {
-        let key = MatchKey::of(&frame.header);
-        let back = Self::to_waiter(&mut self.inner.lock(), key, frame);
-        if back.is_none() {
-            self.changed();
-        }
-        back
-    }
-
     /// A number that changes (under the lock, before the change) whenever a frame
     /// arrives or a failure or abort is recorded: whatever can give a receive its
     /// outcome. A caller that looked for outcomes ([`Mailbox::take_now`],
@@ -712,6 +758,8 @@ impl Mailbox {
             progress: self.progress.get().cloned(),
             owner: None,
             first: true,
+            spin: true,
+            spin_end: None,
         }
     }
 
@@ -744,6 +792,8 @@ impl Mailbox {
             progress,
             owner: landing.map(OwnerGuard),
             first: true,
+            spin: true,
+            spin_end: None,
         };
         RecvFrameInto { frame, dst: Some(dst) }
     }

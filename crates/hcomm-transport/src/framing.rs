@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use hcomm_core::pool::{self, PoolBuf};
-use hcomm_core::wire::{HEADER_LEN, Header, PAD, SHORT_LEN, SHORT_MAGIC, SHORT_MAX, WireError};
+use hcomm_core::wire::{HEADER_LEN, Header, MAX_FRAGMENT, PAD, SHORT_LEN, SHORT_MAGIC, SHORT_MAX, WireError};
 use hcomm_core::{Error, ErrorKind, Frame, Result};
 use tokio::sync::oneshot;
 
@@ -91,7 +91,7 @@ impl Outgoing {
 #[derive(Debug)]
 pub(crate) enum Big {
     Bytes(Bytes),
-    /// Bytes `range` of a lent message, written from the sender's memory.
+    /// Bytes `range` of a lent message, written by its sending task ([`Loan::turn`]).
     Lent(Arc<Loan>, std::ops::Range<usize>),
 }
 
@@ -195,14 +195,17 @@ impl WriteQueue {
         loop {
             self.activate();
             let mut a = self.active.pop_front()?;
-            let n = (a.len - a.offset).min(self.fragment);
+            // A lent message's fragments are each a turn of its sending task (two
+            // hand-overs between tasks), so they are as large as a frame may be.
+            let most = if a.lent.is_some() { MAX_FRAGMENT as usize } else { self.fragment };
+            let n = (a.len - a.offset).min(most);
             let mut h = a.header;
             h.offset = a.offset as u64;
             h.frag_len = n as u32;
             batch.extend_from_slice(&h.encode());
             let range = a.offset..a.offset + n;
-            // A lent message's fragments are never copied here: only the writer's
-            // system call reads the sender's memory (see `crate::loan`).
+            // A lent message's fragments are never copied here: only its sending
+            // task's own system calls read its memory (see `crate::loan`).
             let frag = match &a.lent {
                 Some(loan) => Big::Lent(loan.clone(), range.clone()),
                 None => Big::Bytes(a.payload.slice(range)),
@@ -849,7 +852,11 @@ mod tests {
             batch.clear();
             match big {
                 Some(Big::Bytes(b)) => wire.extend_from_slice(&b),
-                Some(Big::Lent(loan, range)) => wire.extend_from_slice(&loan.copy(range)),
+                Some(Big::Lent(loan, range)) => match futures::executor::block_on(loan.turn(range.clone())) {
+                    crate::loan::TurnOver::Rest(b) => wire.extend_from_slice(&b),
+                    // Nothing to write (an empty payload): a test loan has no lender.
+                    crate::loan::TurnOver::Written => assert!(range.is_empty(), "no lender wrote {range:?}"),
+                },
                 None => {}
             }
             q.written();
@@ -936,7 +943,8 @@ mod tests {
                 true => {
                     let head = &h.encode()[cut.min(HEADER_LEN)..];
                     let at = cut.saturating_sub(HEADER_LEN);
-                    Outgoing::lent_rest(h, Bytes::copy_from_slice(head), Arc::new(Loan::new(&payload)), at, Some(tx))
+                    let loan = Arc::new(Loan::copied(&payload));
+                    Outgoing::lent_rest(h, Bytes::copy_from_slice(head), loan, at, Some(tx))
                 }
             };
             // Queued after the rest: a large message and a small one.

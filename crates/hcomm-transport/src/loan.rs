@@ -1,53 +1,80 @@
-//! A message lent to a TCP writer task out of the caller's memory
-//! ([`LocalTransport::send_borrowed`](hcomm_core::LocalTransport::send_borrowed)).
+//! A large message sent over a plain tokio TCP connection straight out of the caller's
+//! slice ([`LocalTransport::send_borrowed`](hcomm_core::LocalTransport::send_borrowed)),
+//! without a copy into a buffer of ours.
 //!
-//! A send of a slice used to copy it into a payload at the call, and the kernel copied
-//! it again into the socket; on a loopback or a fast network the first copy was a
-//! large part of the sender's time (a 2-rank broadcast spends its root's core on
-//! exactly these copies). A [`Loan`] lets the writer task hand the caller's memory
-//! straight to `send(2)` instead.
+//! The slice is borrowed by the send future, and only that future's own polls touch
+//! it: its bytes go to the socket through `send(2)` calls the future makes itself. A
+//! connection's writer task, which orders the messages to one peer, never sees the
+//! slice: when it comes to a lent message's bytes, it gives the sending future a
+//! *turn* ([`Loan::turn`]) and waits until the future has written them. A message
+//! whose sending task began it directly (the writer had nothing queued) is its turn
+//! from the start, and the future goes on writing it in its later polls.
 //!
-//! The rules that keep it safe, as the shared-memory transport's loans:
-//! - the writer touches the memory only inside [`Loan::send_to`], under the loan's
-//!   lock, and only through the system call (no Rust reference to it is ever made
-//!   outside the borrow), so that it can be revoked between two writes;
-//! - the send future that borrows the slice revokes the loan when it is dropped before
-//!   the message is written ([`Loan::revoke`], under the same lock): the slice is
-//!   copied then, while it is still borrowed, and the writer sends the rest from the
-//!   copy;
-//! - a future that is leaked instead (`mem::forget`) never revokes: the writer keeps
-//!   sending from the memory as it is then, which is what the trait's documentation of
-//!   `send_borrowed` says (the peer gets the memory's contents at the time it is sent,
-//!   or the connection fails with `EFAULT` if it was unmapped).
-#![allow(unsafe_code)] // a raw pointer kept across the borrow, and send(2) from it
+//! If the future is dropped before its last turn, its `Drop` copies what is left of
+//! the slice (still borrowed then) into the loan, and the writer sends the rest from
+//! that copy. If the future is leaked instead (`mem::forget`), nothing touches the
+//! slice ever again: the writer waits for a turn that never ends, so the connection
+//! to that peer carries nothing more and the peer fails this rank when its deadline
+//! or its peer timeout passes. A leak costs the connection, never memory safety.
+#![allow(unsafe_code)] // send(2) from the borrowed slice, in the borrowing future's poll
 
 use std::ops::Range;
-use std::os::fd::RawFd;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-/// A message lent by a send future to the writer task of its peer's connection.
+/// A message lent to its peer's connection. See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Loan {
     len: usize,
     state: Mutex<State>,
 }
 
+#[derive(Debug, Default)]
+struct State {
+    /// The bytes the lender is to write now (its turn); empty between turns.
+    turn: Range<usize>,
+    /// Everything before this was written (by the lender, in its turns).
+    done_to: usize,
+    /// The lender went away before its last turn: the rest of the message from
+    /// `.0` on, copied at its drop.
+    copy: Option<(usize, Bytes)>,
+    lender: Option<Waker>,
+    writer: Option<Waker>,
+}
+
+/// What the writer is left with once a turn is over ([`Loan::turn`]).
 #[derive(Debug)]
-enum State {
-    /// The caller's memory, borrowed by the send future (address, as an integer so
-    /// that the loan is `Send` and `Sync` without a claim about the memory itself).
-    Lent(usize),
-    /// The future was dropped first: a copy of the whole message.
-    Revoked(Bytes),
+pub(crate) enum TurnOver {
+    /// The lender wrote the turn's bytes.
+    Written,
+    /// The lender went away first: these bytes (the rest of the turn) are the
+    /// writer's to write.
+    Rest(Bytes),
 }
 
 impl Loan {
-    /// A loan of `data`, which the caller keeps borrowed until it has
-    /// [revoked](Loan::revoke) the loan or the writer has sent it all.
-    pub(crate) fn new(data: &[u8]) -> Loan {
-        Loan { len: data.len(), state: Mutex::new(State::Lent(data.as_ptr() as usize)) }
+    /// A loan of a message of `len` bytes, with no turn yet.
+    pub(crate) fn new(len: usize) -> Loan {
+        Loan { len, state: Mutex::new(State::default()) }
+    }
+
+    /// The lender's sending task wrote the message's header and its first `at`
+    /// bytes directly: the rest is its turn already.
+    pub(crate) fn begin_at(&self, at: usize) {
+        let mut s = self.state.lock();
+        s.done_to = at;
+        s.turn = at..self.len;
+    }
+
+    /// A loan whose lender went away before any turn, leaving a copy of `data`.
+    #[cfg(test)]
+    pub(crate) fn copied(data: &[u8]) -> Loan {
+        let state = State { copy: Some((0, Bytes::copy_from_slice(data))), ..State::default() };
+        Loan { len: data.len(), state: Mutex::new(state) }
     }
 
     /// The message's length.
@@ -55,123 +82,130 @@ impl Loan {
         self.len
     }
 
-    /// Ends the loan of `data` (the slice [`Loan::new`] was given, still borrowed):
-    /// what the writer has not sent yet it sends from a copy. Waits for a write in
-    /// progress to return.
-    pub(crate) fn revoke(&self, data: &[u8]) {
-        debug_assert_eq!(data.len(), self.len);
-        let mut s = self.state.lock();
-        if let State::Lent(addr) = *s {
-            debug_assert_eq!(addr, data.as_ptr() as usize);
-            *s = State::Revoked(Bytes::copy_from_slice(data));
-        }
-    }
-
-    /// Sends bytes `range` of the message on the non-blocking socket `fd` (one
-    /// `send(2)`, `MSG_DONTWAIT`): how many went, or the error (`WouldBlock` when the
-    /// socket's buffer is full).
-    pub(crate) fn send_to(&self, fd: RawFd, range: Range<usize>) -> std::io::Result<usize> {
-        assert!(range.start <= range.end && range.end <= self.len, "range within the message");
-        let s = self.state.lock();
-        let (ptr, len) = match &*s {
-            State::Lent(addr) => ((*addr + range.start) as *const u8, range.len()),
-            State::Revoked(copy) => (copy[range.clone()].as_ptr(), range.len()),
-        };
-        // SAFETY: while the state is `Lent`, the memory is borrowed by the send future,
-        // which revokes under this lock before the borrow ends (or leaked the borrow,
-        // as documented); the kernel reads it, no reference is formed here. A revoked
-        // loan's copy is ours. The range is inside the message (asserted).
-        let n = unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
-    }
-
-    /// A copy of bytes `range`, for a link that cannot send from the loan (every link
-    /// but a plain tokio TCP connection; none is given loans, see
-    /// [`crate::stream::StreamOptions::tcp_lend`]).
-    pub(crate) fn copy(&self, range: Range<usize>) -> Bytes {
-        assert!(range.start <= range.end && range.end <= self.len, "range within the message");
-        let s = self.state.lock();
-        match &*s {
-            State::Lent(addr) => {
-                // SAFETY: as in `send_to`: borrowed by the live send future while `Lent`.
-                let src = unsafe { std::slice::from_raw_parts((*addr + range.start) as *const u8, range.len()) };
-                Bytes::copy_from_slice(src)
+    /// The writer's side: bytes `range` of the message are to go to the socket now.
+    /// Gives the lender that turn (unless it already has it, or wrote it) and waits
+    /// until it is over.
+    pub(crate) fn turn(&self, range: Range<usize>) -> impl Future<Output = TurnOver> + '_ {
+        let mut asked = false;
+        std::future::poll_fn(move |cx| {
+            let mut s = self.state.lock();
+            if !asked {
+                asked = true;
+                if s.turn.is_empty() && s.done_to < range.end {
+                    s.turn = range.start.max(s.done_to)..range.end;
+                    if let Some(w) = s.lender.take() {
+                        w.wake();
+                    }
+                }
             }
-            State::Revoked(copy) => copy.slice(range),
-        }
+            if s.turn.is_empty() {
+                return Poll::Ready(TurnOver::Written);
+            }
+            if let Some((base, copy)) = &s.copy {
+                let rest = copy.slice(s.turn.start - base..s.turn.end - base);
+                s.turn.start = s.turn.end;
+                return Poll::Ready(TurnOver::Rest(rest));
+            }
+            if !s.writer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                s.writer = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
     }
 }
 
-/// The send future's side of a [`Loan`]: revokes it when dropped before the message
-/// was written.
+/// The send future's side of a [`Loan`]: writes its turns from `data`, in its polls,
+/// and copies what is left into the loan when dropped before its last turn.
 #[derive(Debug)]
 pub(crate) struct Lender<'a> {
-    pub loan: std::sync::Arc<Loan>,
-    pub data: &'a [u8],
-    pub done: bool,
-    /// Counts the revocations ([`crate::StreamTransport::tcp_loans`]).
-    pub revoked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    loan: Arc<Loan>,
+    data: &'a [u8],
+    /// The connection, whose socket it writes to.
+    stream: Arc<crate::stream::TcpInbox>,
+    /// Counts the copies made at a drop ([`crate::StreamTransport::tcp_loans`]).
+    revoked: Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl Lender<'_> {
-    /// The writer no longer reads the loan (it sent it all, or its connection
-    /// failed): nothing to revoke.
-    pub(crate) fn finish(&mut self) {
-        self.done = true;
+impl<'a> Lender<'a> {
+    pub(crate) fn new(
+        loan: Arc<Loan>,
+        data: &'a [u8],
+        stream: Arc<crate::stream::TcpInbox>,
+        revoked: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Lender<'a> {
+        debug_assert_eq!(loan.len, data.len());
+        Lender { loan, data, stream, revoked }
     }
+
+    /// Whether every byte of the message was written by this side's turns.
+    pub(crate) fn all_written(&self) -> bool {
+        self.loan.state.lock().done_to >= self.loan.len
+    }
+
+    /// Writes the turn it has, if any, as far as the socket takes it; registers to be
+    /// woken for the next turn, or when the socket has room again.
+    ///
+    /// # Errors
+    /// The socket's error (the connection broke; the reader and the writer report
+    /// it to the mailbox too).
+    pub(crate) fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        loop {
+            let turn = {
+                let mut s = self.loan.state.lock();
+                if s.turn.is_empty() {
+                    if !s.lender.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        s.lender = Some(cx.waker().clone());
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                s.turn.clone()
+            };
+            let stream: &tokio::net::TcpStream = self.stream.half.as_ref();
+            match stream.try_io(tokio::io::Interest::WRITABLE, || send_now(stream, &self.data[turn.clone()])) {
+                Ok(n) => {
+                    let mut s = self.loan.state.lock();
+                    s.turn.start += n;
+                    if s.turn.is_empty() {
+                        s.done_to = turn.end;
+                        if let Some(w) = s.writer.take() {
+                            w.wake();
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match stream.poll_write_ready(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                },
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+/// One non-blocking `send(2)` of `bytes`: how many went.
+fn send_now(stream: &tokio::net::TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: `bytes` is a live slice for the length of the call; the kernel copies
+    // out of it before `send` returns and keeps no pointer to it.
+    let n = unsafe {
+        libc::send(stream.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
+    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
 }
 
 impl Drop for Lender<'_> {
     fn drop(&mut self) {
-        if !self.done {
-            self.loan.revoke(self.data);
-            self.revoked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut s = self.loan.state.lock();
+        if s.done_to >= self.loan.len || s.copy.is_some() {
+            return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Read;
-    use std::os::fd::AsRawFd;
-
-    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
-        (a, b)
-    }
-
-    #[test]
-    fn sends_from_the_lent_memory_then_from_the_copy_once_revoked() {
-        let (a, mut b) = pair();
-        let mut data: Vec<u8> = (0..100u8).collect();
-        let loan = Loan::new(&data);
-        assert_eq!(loan.send_to(a.as_raw_fd(), 0..40).unwrap(), 40);
-        loan.revoke(&data);
-        // The caller's memory changes after the revocation: the rest comes from the
-        // copy made at the revocation, not from the memory.
-        data.iter_mut().for_each(|x| *x = 0xee);
-        let mut at = 40;
-        while at < 100 {
-            at += loan.send_to(a.as_raw_fd(), at..100).unwrap();
+        // `data` is still borrowed here: what no turn has written yet is copied, and
+        // the writer sends it from the copy.
+        let from = if s.turn.is_empty() { s.done_to } else { s.turn.start };
+        s.copy = Some((from, Bytes::copy_from_slice(&self.data[from..])));
+        self.revoked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(w) = s.writer.take() {
+            w.wake();
         }
-        assert_eq!(loan.copy(90..100), (90..100u8).collect::<Vec<_>>());
-        let mut got = vec![0u8; 100];
-        b.read_exact(&mut got).unwrap();
-        assert_eq!(got, (0..100u8).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn a_lender_dropped_early_revokes_and_one_done_does_not() {
-        let data = vec![7u8; 10];
-        let revoked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let loan = std::sync::Arc::new(Loan::new(&data));
-        drop(Lender { loan: loan.clone(), data: &data, done: true, revoked: revoked.clone() });
-        assert!(matches!(*loan.state.lock(), State::Lent(_)));
-        drop(Lender { loan: loan.clone(), data: &data, done: false, revoked: revoked.clone() });
-        assert!(matches!(&*loan.state.lock(), State::Revoked(c) if c[..] == [7u8; 10]));
-        assert_eq!(revoked.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }

@@ -31,8 +31,9 @@
 //! - *Receives that poll* ([`ShmInbox`], [`hcomm_core::mailbox::Progress`]): the
 //!   parser of the ring sits behind a lock that the reader task and a waiting receive
 //!   both try, so a receive whose peer is reached this way reads the ring whenever it
-//!   is polled, and, with [`ShmOptions::poll`] (`HCOMM_SHM_POLL_US`), keeps polling
-//!   inside its poll for that long, as a blocking MPI receive does.
+//!   is polled, and keeps polling inside its poll for
+//!   [`StreamOptions::recv_spin`](crate::StreamOptions::recv_spin), as a blocking MPI
+//!   receive does.
 //!
 //! *Boxes* for small messages (up to 4 KiB, as OpenMPI's "fast boxes"): a direct
 //! send writes the message on whole cache lines of its own, the last 8 bytes of the
@@ -54,20 +55,14 @@
 //! into the receive's own buffer when it has one (`recv_into`), then sends a
 //! *release* frame back, upon which the sender lets the memory go. That is one copy
 //! in all where the ring takes two (into it and out of it), and the sender never
-//! waits for the ring to drain. Two kinds of memory are lent:
+//! waits for the ring to drain.
 //!
-//! - a payload handed to the transport (a `Bytes`: `send_bytes`, the collectives),
-//!   which the sender keeps until the release;
-//! - the application's own slice (`send`, through
-//!   [`crate::StreamTransport`]'s `send_borrowed`), whose future borrows it until
-//!   the release. Such a loan also takes a *slot* in a table in the ring file. If
-//!   the send ends before the release (dropped, or failed), it copies the slice, stores
-//!   the copy's address in the slot and marks it moved, before the borrow ends; a
-//!   receiver checks the slot after its copy and, if it was moved, copies again
-//!   from there (so it never keeps what the slice held after the send ended). A
-//!   receiver with no receive waiting when such a loan arrives copies it out at once
-//!   into its own memory, so that a send never waits for the receiving application
-//!   (two ranks that both send before they receive must not deadlock).
+//! Only memory the transport owns is lent: a payload handed to it (a `Bytes`:
+//! `send_bytes`, the collectives' own buffers), kept until the release. A send of
+//! the application's borrowed slice (`send`) copies it into such a payload first:
+//! the peer reads this process's memory whenever it gets to it, after the sending
+//! future's poll has returned, and a borrowed slice may be freed by then (a future
+//! can be leaked, so no `Drop` can take the loan back in time).
 //!
 //! A sender whose side of the link goes away first (its transport dropped, with lent
 //! messages unread) marks that in the ring file before it frees them, and a receiver
@@ -103,7 +98,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
 
-use hcomm_core::mailbox::{Frame, LOAN_COMM, RemotePayload};
+use hcomm_core::mailbox::{Frame, RemotePayload};
 use hcomm_core::wire::{FrameKind, Header, MAX_MESSAGE, PAD, SHORT_LEN, SHORT_MAGIC};
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use parking_lot::Mutex;
@@ -118,25 +113,12 @@ const DIR: &str = "/dev/shm";
 const QUIET_POLL: Duration = Duration::from_millis(5);
 /// Header of a ring file: counters on their own cache lines.
 const HDR: usize = 256;
-/// Slots of messages lent out of the application's own buffers ([`Slot`]), after the
-/// header: the writer publishes there what the reader checks after its copy.
-const SLOTS: usize = 1024;
-const SLOT_LEN: usize = 16;
 /// Start of the ring's data (on a cache line).
-const DATA: usize = HDR + SLOTS * SLOT_LEN;
+const DATA: usize = HDR;
 /// A cache line.
 const LINE: usize = 64;
 const _: () = assert!(DATA % LINE == 0);
 
-/// States of a [`Slot`]. A lent slot is one of the messages a `send` lends out of the
-/// application's buffer while the send waits (`LENT`). Should that send be dropped
-/// before the peer has released it, the writer copies the message, stores the copy's
-/// address in the slot and sets `MOVED`: a reader that then finds `MOVED` after its
-/// copy reads the copy again, so it never keeps what the buffer held after the send
-/// was dropped.
-const SLOT_FREE: u32 = 0;
-const SLOT_LENT: u32 = 1;
-const SLOT_MOVED: u32 = 2;
 /// Bytes written so far (by the writer).
 const HEAD: usize = 0;
 /// Bytes read so far (by the reader).
@@ -228,14 +210,6 @@ impl Ring {
     fn u32_at(&self, off: usize) -> &AtomicU32 {
         // SAFETY: as `u64_at`.
         unsafe { &*self.base.add(off).cast::<AtomicU32>() }
-    }
-
-    /// Lent slot `i` ([`Slot`]): its state and the address of a moved message.
-    fn slot(&self, i: u32) -> (&AtomicU32, &AtomicU64) {
-        let at = HDR + (i as usize).min(SLOTS - 1) * SLOT_LEN;
-        // SAFETY: the slot lies in the slot table after the header, 16-byte aligned in
-        // the page-aligned mapping.
-        unsafe { (&*self.base.add(at).cast::<AtomicU32>(), &*self.base.add(at + 8).cast::<AtomicU64>()) }
     }
 
     fn readable(&self) -> usize {
@@ -419,30 +393,16 @@ impl Ring {
 /// What went by single copy on a shared-memory link ([`crate::StreamTransport::shm_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShmStats {
-    /// Messages lent to the peer out of payloads handed to the transport.
+    /// Messages lent to the peer (payloads the transport owns).
     pub lent: u64,
-    /// Messages lent to the peer out of the application's own buffers (`send`).
-    pub borrowed: u64,
-    /// Of those, sends that ended (dropped, failed) before the peer had copied them,
-    /// which copied the message for the peer instead.
-    pub revoked: u64,
     /// Messages this side copied out of the peer's memory.
     pub pulled: u64,
-    /// Of those, copies that found the send dropped and read its copy instead.
-    pub reread: u64,
-    /// Lent application buffers this side copied out at once into its own memory,
-    /// because no receive waited for them (so that the peer's send did not wait).
-    pub unposted: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
     lent: AtomicU64,
-    borrowed: AtomicU64,
-    revoked: AtomicU64,
     pulled: AtomicU64,
-    reread: AtomicU64,
-    unposted: AtomicU64,
 }
 
 impl Counters {
@@ -452,14 +412,7 @@ impl Counters {
 
     fn read(&self) -> ShmStats {
         let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ShmStats {
-            lent: r(&self.lent),
-            borrowed: r(&self.borrowed),
-            revoked: r(&self.revoked),
-            pulled: r(&self.pulled),
-            reread: r(&self.reread),
-            unposted: r(&self.unposted),
-        }
+        ShmStats { lent: r(&self.lent), pulled: r(&self.pulled) }
     }
 }
 
@@ -575,13 +528,6 @@ pub struct ShmOptions {
     pub ring: usize,
     /// How long a side with nothing to do spins before it parks.
     pub spin: Duration,
-    /// How long a receive from a shared-memory peer keeps polling the ring inside
-    /// one poll of its future, holding the thread, before it returns `Pending` and
-    /// waits to be woken (`HCOMM_SHM_POLL_US`; zero, the default: no such spin, the
-    /// receive polls the ring once whenever it is polled). Lowers small-message
-    /// latency to what a polling MPI library gets, at the price of the other tasks of
-    /// that thread waiting up to this long.
-    pub poll: Duration,
     /// Data messages of at least this many bytes are lent to the peer, which copies
     /// them out of this process's memory itself, once, instead of through the ring
     /// (`HCOMM_SHM_CMA`; see the module documentation). Zero: never.
@@ -607,13 +553,7 @@ pub fn rings_fit_populate(ranks_here: usize, ring: usize) -> bool {
 
 impl Default for ShmOptions {
     fn default() -> ShmOptions {
-        ShmOptions {
-            ring: DEFAULT_RING,
-            spin: DEFAULT_SPIN,
-            poll: Duration::ZERO,
-            pull_min: DEFAULT_PULL_MIN,
-            populate: true,
-        }
+        ShmOptions { ring: DEFAULT_RING, spin: DEFAULT_SPIN, pull_min: DEFAULT_PULL_MIN, populate: true }
     }
 }
 
@@ -807,8 +747,6 @@ struct Pulled {
     id: u64,
     addr: u64,
     len: usize,
-    /// The lent slot of a message lent out of the sender's application buffer.
-    slot: Option<u32>,
 }
 
 impl Pulled {
@@ -830,24 +768,9 @@ impl Pulled {
         };
         read(self.addr)?;
         Counters::add(&self.from.back.out.counts.pulled);
-        // The lender marks its slot, and its ring, before it lets go of what it lent:
-        // if no mark is there after the copy, the memory held the message during all
-        // of it.
+        // The lender marks its ring before it lets go of what it lent: if no mark is
+        // there after the copy, the memory held the message during all of it.
         fence(Ordering::SeqCst);
-        if let Some(slot) = self.slot {
-            let (state, moved) = self.from.ring.slot(slot);
-            match state.load(Ordering::SeqCst) {
-                SLOT_LENT => {}
-                // The send was dropped: its copy holds the message.
-                SLOT_MOVED => {
-                    read(moved.load(Ordering::Acquire))?;
-                    Counters::add(&self.from.back.out.counts.reread);
-                }
-                s => {
-                    return Err(protocol(format!("rank {peer} lent message {} in slot {slot}, which is {s}", self.id)));
-                }
-            }
-        }
         if self.from.ring.u32_at(LENDER_GONE).load(Ordering::SeqCst) != 0 {
             return Err(Error::new(
                 ErrorKind::PeerFailed,
@@ -896,9 +819,8 @@ impl Drop for Pulled {
     }
 }
 
-/// What a pull frame carries: the lent message's number, address and length, and its
-/// lent slot plus one (0: a payload handed to the transport, not in a slot).
-const PULL_LEN: usize = 32;
+/// What a pull frame carries: the lent message's number, address and length.
+const PULL_LEN: usize = 24;
 
 fn protocol(msg: String) -> Error {
     Error::new(ErrorKind::Protocol, msg)
@@ -1088,25 +1010,8 @@ impl ShmInbox {
         let mailbox = &self.links.mailbox;
         while let Some(f) = asm.next_frame()? {
             match f.header.kind {
-                FrameKind::Pull => match self.lent(f)? {
-                    (f, false) => mailbox.deliver(f),
-                    // Its send waits: a receive that waits gets it as it is, to copy
-                    // straight to where it goes; with none yet, it is copied out now,
-                    // so that the send never waits for this side's application (two
-                    // ranks that each send before they receive must not deadlock).
-                    (f, true) => {
-                        if let Some(f) = mailbox.deliver_waiting(f) {
-                            mailbox.deliver(f.into_local()?);
-                            Counters::add(&self.out.counts.unposted);
-                        }
-                    }
-                },
-                FrameKind::Release => {
-                    for id in self.out.released(&f.payload)? {
-                        let h = Header::control(FrameKind::Data, OpKind::Send, self.peer, LOAN_COMM, id, 0);
-                        mailbox.deliver(Frame::new(h, Bytes::new()));
-                    }
-                }
+                FrameKind::Pull => mailbox.deliver(self.lent(f)?),
+                FrameKind::Release => self.out.released(&f.payload)?,
                 FrameKind::Close => {
                     mailbox.deliver(f);
                     return Ok(true);
@@ -1117,9 +1022,8 @@ impl ShmInbox {
         Ok(false)
     }
 
-    /// The data frame a pull frame stands for, and whether it was lent out of the
-    /// sender's application buffer (its send waits until this side has copied it).
-    fn lent(&self, f: Frame) -> Result<(Frame, bool)> {
+    /// The data frame a pull frame stands for.
+    fn lent(&self, f: Frame) -> Result<Frame> {
         let Some(lender) = &self.lender else {
             return Err(protocol(format!("rank {} lent a message this rank said it cannot read", self.peer)));
         };
@@ -1127,17 +1031,16 @@ impl ShmInbox {
             return Err(protocol(format!("a pull frame of {} bytes", f.payload.len())));
         }
         let word = |i: usize| u64::from_le_bytes(f.payload[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-        let (id, addr, len, slot) = (word(0), word(1), word(2), word(3));
-        if len > MAX_MESSAGE || slot > SLOTS as u64 {
-            return Err(protocol(format!("a lent message of {len} bytes in slot {slot}")));
+        let (id, addr, len) = (word(0), word(1), word(2));
+        if len > MAX_MESSAGE {
+            return Err(protocol(format!("a lent message of {len} bytes")));
         }
-        let slot = slot.checked_sub(1).map(|s| s as u32);
         let mut header = f.header;
         header.kind = FrameKind::Data;
         header.msg_len = len;
         header.frag_len = 0;
-        let pulled = Pulled { from: lender.clone(), id, addr, len: len as usize, slot };
-        Ok((Frame::lent(header, Arc::new(pulled)), slot.is_some()))
+        let pulled = Pulled { from: lender.clone(), id, addr, len: len as usize };
+        Ok(Frame::lent(header, Arc::new(pulled)))
     }
 
     /// Ends the link: the peer's failure (`None`: its orderly close, already
@@ -1216,48 +1119,27 @@ pub(crate) struct ShmOut {
     counts: Counters,
 }
 
-#[derive(Debug)]
+/// The payloads lent to the peer and not yet released (kept, never read here), by
+/// number.
+#[derive(Debug, Default)]
 struct Lent {
     next: u64,
-    held: HashMap<u64, Loan>,
-    /// Lent slots not in use.
-    free: Vec<u32>,
-}
-
-impl Default for Lent {
-    fn default() -> Lent {
-        Lent { next: 0, held: HashMap::new(), free: (0..SLOTS as u32).rev().collect() }
-    }
+    held: HashMap<u64, Bytes>,
 }
 
 impl Lent {
-    fn number(&mut self, loan: Loan) -> u64 {
+    fn number(&mut self, payload: Bytes) -> u64 {
         let id = self.next;
         self.next += 1;
-        self.held.insert(id, loan);
+        self.held.insert(id, payload);
         id
     }
 }
 
-/// A message lent to the peer.
-#[derive(Debug)]
-enum Loan {
-    /// A payload handed to the transport: kept (never read here) until the peer
-    /// releases it.
-    Owned { _kept: Bytes },
-    /// The application's buffer, borrowed by a send that waits for the release; its
-    /// slot says [`SLOT_LENT`].
-    Borrowed(u32),
-    /// A send that was dropped before the release: its slot, and the copy the slot
-    /// points to.
-    Moved { slot: u32, _copy: Bytes },
-}
-
 /// The pull frame's payload.
-fn pull_frame(id: u64, addr: u64, len: usize, slot: Option<u32>) -> Bytes {
+fn pull_frame(id: u64, addr: u64, len: usize) -> Bytes {
     let mut pull = [0u8; PULL_LEN];
-    let slot = slot.map_or(0, |s| u64::from(s) + 1);
-    for (i, w) in [id, addr, len as u64, slot].into_iter().enumerate() {
+    for (i, w) in [id, addr, len as u64].into_iter().enumerate() {
         pull[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
     }
     Bytes::copy_from_slice(&pull)
@@ -1278,35 +1160,6 @@ impl Drop for ShmOut {
         // Before the lent memory goes (the fields drop after this): a peer that
         // copies any of it from now on finds the mark and refuses what it read.
         self.ring.u32_at(LENDER_GONE).store(1, Ordering::SeqCst);
-    }
-}
-
-/// A send that lent the application's buffer ([`ShmOut::lend_borrowed`]) while it
-/// waits for the peer's release (`released`, a receive in the mailbox that the
-/// release completes): if it ends any other way (dropped, or failed), dropping this
-/// revokes the loan before the borrow of `data` ends. The release's receive is a field
-/// so that it goes only after the revocation: a release that comes in between then
-/// still finds it and does not stay in the mailbox.
-pub(crate) struct LentSend<'a> {
-    pub out: Arc<ShmOut>,
-    pub id: u64,
-    pub data: &'a [u8],
-    pub released: std::pin::Pin<Box<dyn std::future::Future<Output = Result<Frame>> + Send>>,
-    pub done: bool,
-}
-
-impl LentSend<'_> {
-    /// The peer released the loan: nothing to revoke.
-    pub(crate) fn completed(&mut self) {
-        self.done = true;
-    }
-}
-
-impl Drop for LentSend<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.out.revoke(self.id, self.data);
-        }
     }
 }
 
@@ -1390,8 +1243,7 @@ impl ShmOut {
         false
     }
 
-    /// Whether a data message of `len` bytes would be lent ([`ShmOut::lend_borrowed`]
-    /// lends it if a slot is free).
+    /// Whether a data message of `len` bytes would be lent.
     pub(crate) fn lends(&self, len: usize) -> bool {
         self.lend_min > 0 && len >= self.lend_min
     }
@@ -1404,82 +1256,26 @@ impl ShmOut {
             return (header, payload);
         }
         let (addr, len) = (payload.as_ptr() as u64, payload.len());
-        let id = self.lent.lock().number(Loan::Owned { _kept: payload });
+        let id = self.lent.lock().number(payload);
         Counters::add(&self.counts.lent);
         let mut header = header;
         header.kind = FrameKind::Pull;
-        (header, pull_frame(id, addr, len, None))
+        (header, pull_frame(id, addr, len))
     }
 
-    /// Lends `data`, the application's own buffer, if it is a data message large
-    /// enough and a lent slot is free: the loan's number and the pull frame to send
-    /// in the message's place. The caller keeps `data` borrowed until the peer
-    /// releases the loan, or [`revokes`](ShmOut::revoke) it first.
-    pub(crate) fn lend_borrowed(&self, header: Header, data: &[u8]) -> Option<(u64, Header, Bytes)> {
-        if header.kind != FrameKind::Data || self.lend_min == 0 || data.len() < self.lend_min {
-            return None;
-        }
-        let mut lent = self.lent.lock();
-        let slot = lent.free.pop()?;
-        // Before the pull frame, which the ring publishes with release ordering.
-        self.ring.slot(slot).0.store(SLOT_LENT, Ordering::Release);
-        let id = lent.number(Loan::Borrowed(slot));
-        Counters::add(&self.counts.borrowed);
-        let mut header = header;
-        header.kind = FrameKind::Pull;
-        Some((id, header, pull_frame(id, data.as_ptr() as u64, data.len(), Some(slot))))
-    }
-
-    /// The send that lent `data` as loan `id` ends without its release (dropped, or
-    /// failed): if the peer has not released it, copy `data` and point the loan's
-    /// slot to the copy, so that the peer reads that instead once the borrow ends.
-    pub(crate) fn revoke(&self, id: u64, data: &[u8]) {
-        let mut lent = self.lent.lock();
-        if let Some(&Loan::Borrowed(slot)) = lent.held.get(&id) {
-            let mut copy = hcomm_core::pool::take(data.len());
-            copy.extend_from_slice(data);
-            let copy = copy.freeze();
-            let (state, moved) = self.ring.slot(slot);
-            moved.store(copy.as_ptr() as u64, Ordering::Relaxed);
-            state.store(SLOT_MOVED, Ordering::SeqCst);
-            lent.held.insert(id, Loan::Moved { slot, _copy: copy });
-            Counters::add(&self.counts.revoked);
-        }
-    }
-
-    /// Drops loan `id` of the application's buffer, whose pull frame never went out
-    /// (the peer had failed): its slot is free again.
-    pub(crate) fn cancel(&self, id: u64) {
-        let mut lent = self.lent.lock();
-        if let Some(Loan::Borrowed(slot)) = lent.held.remove(&id) {
-            self.ring.slot(slot).0.store(SLOT_FREE, Ordering::Release);
-            lent.free.push(slot);
-        }
-    }
-
-    /// The peer released the lent messages whose numbers `ids` lists; returns those
-    /// whose sends wait for it.
-    fn released(&self, ids: &[u8]) -> Result<Vec<u64>> {
+    /// The peer released the lent messages whose numbers `ids` lists.
+    fn released(&self, ids: &[u8]) -> Result<()> {
         if ids.len() % 8 != 0 {
             return Err(protocol(format!("a release frame of {} bytes", ids.len())));
         }
         let mut lent = self.lent.lock();
-        let mut waiting = Vec::new();
         for id in ids.chunks_exact(8) {
             let id = u64::from_le_bytes(id.try_into().expect("8 bytes"));
-            let slot = match lent.held.remove(&id) {
-                None => return Err(protocol(format!("release of message {id}, which is not lent"))),
-                Some(Loan::Owned { .. }) => continue,
-                Some(Loan::Borrowed(slot)) => {
-                    waiting.push(id);
-                    slot
-                }
-                Some(Loan::Moved { slot, .. }) => slot,
-            };
-            self.ring.slot(slot).0.store(SLOT_FREE, Ordering::Release);
-            lent.free.push(slot);
+            if lent.held.remove(&id).is_none() {
+                return Err(protocol(format!("release of message {id}, which is not lent")));
+            }
         }
-        Ok(waiting)
+        Ok(())
     }
 
     /// What went by single copy to and from this peer.
@@ -1876,53 +1672,7 @@ mod tests {
         assert_eq!(sp.inbox.drain(), Drained::Some);
         assert_eq!(sp.out.lent_now(), 0);
         let st = sp.out.stats();
-        assert_eq!((st.lent, st.pulled, st.borrowed), (1, 1, 0));
-    }
-
-    /// A send that lent the application's buffer and was dropped before the receiver
-    /// copied it: the receiver, holding the pull already, copies what the buffer
-    /// holds by then, finds the slot moved, and reads the copy made at the drop.
-    #[tokio::test]
-    async fn a_revoked_loan_is_read_from_its_copy() {
-        let (sp, links) = looped_with(true).await;
-        let mut data = random_bytes(70_001, 2);
-        let original = data.clone();
-        let recv = links.mailbox.recv_frame(key(5));
-        let (id, h, pull) = sp.out.lend_borrowed(data_header(5, data.len()), &data).unwrap();
-        assert!(sp.out.send(h, pull, true, |_, _| panic!("queued")));
-        assert_eq!(sp.inbox.drain(), Drained::Some);
-        let f = recv.await.unwrap();
-        // The send ends without the release: its buffer is copied, then reused.
-        sp.out.revoke(id, &data);
-        data.fill(0xEE);
-        let mut got = vec![0u8; data.len()];
-        f.remote.as_ref().unwrap().read_into(&mut got).unwrap();
-        assert_eq!(got, original);
-        let st = sp.out.stats();
-        assert_eq!((st.borrowed, st.revoked, st.pulled, st.reread), (1, 1, 1, 1));
-        drop(f);
-        assert_eq!(sp.inbox.drain(), Drained::Some);
-        assert_eq!(sp.out.lent_now(), 0, "the release frees the copy");
-    }
-
-    /// A lent application buffer that no receive waits for is copied out at once, so
-    /// that its send completes (the release is announced under the loan's key).
-    #[tokio::test]
-    async fn an_unclaimed_borrowed_loan_is_copied_out_at_once() {
-        let (sp, links) = looped_with(true).await;
-        let data = random_bytes(65_537, 3);
-        let (id, h, pull) = sp.out.lend_borrowed(data_header(6, data.len()), &data).unwrap();
-        let released = links.mailbox.recv_frame(hcomm_core::MatchKey { src: 1, comm: LOAN_COMM, seq: id, tag: 0 });
-        assert!(sp.out.send(h, pull, true, |_, _| panic!("queued")));
-        // One drain: the pull, copied out at once, and the release it sends back into
-        // this same ring, which completes the send.
-        assert_eq!(sp.inbox.drain(), Drained::Some);
-        assert_eq!(sp.out.stats().unposted, 1);
-        released.await.unwrap();
-        assert_eq!(sp.out.lent_now(), 0);
-        let f = links.mailbox.recv_frame(key(6)).await.unwrap();
-        assert!(f.remote.is_none(), "copied into this side's memory");
-        assert_eq!(f.payload, data);
+        assert_eq!((st.lent, st.pulled), (1, 1));
     }
 
     /// A copy made after the lender marked its ring (its side of the link went) is

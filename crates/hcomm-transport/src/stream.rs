@@ -56,6 +56,16 @@ pub struct StreamOptions {
     pub peer_timeout: Option<Duration>,
     /// Shared-memory links (see [`crate::shm`]): ring size, spin before parking.
     pub shm: ShmOptions,
+    /// How long a receive from a plain tokio TCP or a shared-memory peer keeps
+    /// reading its link inside one poll of its future before it returns `Pending`
+    /// (`HCOMM_RECV_SPIN_US`). The awaiting future then takes a reply that comes
+    /// within the spin itself, on its own thread: on a multi-thread runtime the
+    /// alternative is the reader task taking it on another worker and waking this
+    /// one, a wake-up across threads that costs more than a short round trip. The
+    /// default is about what that wake-up costs (the classic bound for spinning
+    /// before blocking: never more than twice the better choice). It stops early
+    /// when this rank has messages queued for its writer tasks. Zero: no spin.
+    pub recv_spin: Duration,
     /// How long a tokio TCP reader with nothing to read keeps trying (yielding to the
     /// executor's other tasks between tries) before it waits for the socket to become
     /// readable. A process that waits in `epoll_wait` takes tens of microseconds to
@@ -78,14 +88,14 @@ pub struct StreamOptions {
     /// trip; see [`crate::bundle`]).
     pub link_stall: Duration,
     /// Messages of this many bytes and more that [`Transport::send_borrowed`] sends to
-    /// a peer over a plain tokio TCP connection are lent, not copied: the writer task
-    /// sends them straight from the caller's memory (or the sending task itself, in
-    /// its call, if the message is at most 1 MiB and the writer is idle; see
-    /// [`StreamOptions::tcp_direct`]), and the send future completes once the kernel
-    /// has all of it ([`crate::loan`]). Zero: always copied at the
-    /// call. Not used by io_uring (whose kernel reads a buffer after the submitting
-    /// future may be gone), TLS, several connections per peer, or shared memory
-    /// (which lends by its own means, [`ShmOptions::pull_min`]).
+    /// a peer over a plain tokio TCP connection are not copied: the send future
+    /// writes them to the socket from the caller's slice itself, in its own polls,
+    /// when the connection's writer task gives it its turn, or from the call if the
+    /// writer holds nothing ([`crate::loan`]); the future completes once the kernel
+    /// has all of it. Zero: always copied at the call. Not used by io_uring (whose
+    /// kernel reads a buffer after the submitting future may be gone), TLS, several
+    /// connections per peer, or shared memory (which lends payloads it owns,
+    /// [`ShmOptions::pull_min`]).
     pub tcp_lend: usize,
     /// Messages of this many bytes and more (and at least
     /// [`hcomm_core::landing::LANDING_MIN`], 64 KiB), received over a plain tokio
@@ -109,12 +119,9 @@ pub struct StreamOptions {
     /// several connections per peer, or shared memory (which writes small messages
     /// into its ring directly by its own means).
     ///
-    /// Lent messages ([`StreamOptions::tcp_lend`]) of up to 1 MiB go the same way,
-    /// whatever this size, when it is not zero: header and
-    /// payload in one `writev(2)` from the caller's memory, and a rest the kernel did
-    /// not take lent to the writer task. An exchange's send then starts at once,
-    /// not after the writer task's turn, which the reader's and the receive's turns
-    /// could come before (BENCHMARKS.md, session 31).
+    /// Lent messages ([`StreamOptions::tcp_lend`]) go the same way, whatever this
+    /// size, when it is not zero: header and payload in one `writev(2)` from the
+    /// caller's slice, and the rest written by the send future in its next polls.
     pub tcp_direct: usize,
     /// Data messages of at most this many bytes (and not more than `tcp_direct`)
     /// to a plain tokio TCP peer that are queued for the writer task rather than
@@ -194,14 +201,6 @@ const LAZY_RUN_FLUSH: usize = 4 << 10;
 /// Default of [`StreamOptions::tcp_direct`] (`HCOMM_TCP_DIRECT`).
 pub const DEFAULT_TCP_DIRECT: usize = 64 << 10;
 
-/// The largest lent message ([`StreamOptions::tcp_lend`]) the sending task writes to
-/// the socket itself ([`StreamOptions::tcp_direct`]), as one whole frame: a message
-/// queued behind the unwritten rest of one waits for at most this much. 2-rank
-/// broadcasts of 1-4 MiB took 0.89-0.92x the time of a limit of 512 KiB (the
-/// fragment) with a limit of 4 MiB; 1 MiB is where the targets of issue 4 needed it
-/// (BENCHMARKS.md, session 31).
-const DIRECT_LENT_MAX: usize = 1 << 20;
-
 /// Default of [`StreamOptions::tcp_lend`] (`HCOMM_TCP_LEND`).
 pub const DEFAULT_TCP_LEND: usize = 64 << 10;
 
@@ -210,6 +209,9 @@ pub const DEFAULT_TCP_LAND: usize = 512 << 10;
 
 /// Default of [`StreamOptions::link_stall`] (`HCOMM_LINK_STALL_US`).
 pub const DEFAULT_LINK_STALL: Duration = Duration::from_millis(40);
+
+/// Default of [`StreamOptions::recv_spin`] (`HCOMM_RECV_SPIN_US`).
+pub const DEFAULT_RECV_SPIN: Duration = Duration::from_micros(50);
 
 /// Default of [`StreamOptions::tcp_spin`] (`HCOMM_TCP_SPIN_US`).
 pub const DEFAULT_TCP_SPIN: Duration = Duration::from_micros(100);
@@ -238,6 +240,7 @@ impl Default for StreamOptions {
             fragment: 512 << 10,
             peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
             shm: ShmOptions::default(),
+            recv_spin: DEFAULT_RECV_SPIN,
             tcp_spin: DEFAULT_TCP_SPIN,
             spin_yield: false,
             link_stall: DEFAULT_LINK_STALL,
@@ -538,6 +541,9 @@ pub struct StreamTransport {
     /// the sending task writes to the socket itself ([`StreamOptions::tcp_direct`]):
     /// their receiving sides, which hold the socket open.
     tcp_direct: Vec<Option<Arc<TcpInbox>>>,
+    /// The receiving sides of the plain tokio TCP connections, through which a lent
+    /// message's sending future writes ([`crate::loan`]).
+    tcp_links: Vec<Option<Arc<TcpInbox>>>,
     /// [`StreamOptions::tcp_direct`].
     tcp_direct_max: usize,
     /// [`StreamOptions::tcp_eager`], capped at `tcp_direct_max`.
@@ -547,8 +553,9 @@ pub struct StreamTransport {
     epoch: std::time::Instant,
     /// Messages written directly: whole, and begun (the rest left to the writer).
     direct_writes: (AtomicU64, AtomicU64),
-    /// Per peer, the least message [`Transport::send_borrowed`] lends to its writer
-    /// (`usize::MAX`: none; see [`StreamOptions::tcp_lend`]).
+    /// Per peer, the least message [`Transport::send_borrowed`] writes from the
+    /// caller's slice in its own polls (`usize::MAX`: none; see
+    /// [`StreamOptions::tcp_lend`]).
     lend_min: Vec<usize>,
     /// Messages lent to TCP writers, and those of them revoked by a dropped future.
     loans: (AtomicU64, Arc<AtomicU64>),
@@ -675,6 +682,7 @@ impl StreamTransport {
             encrypted: vec![false; size],
             direct: vec![None; size],
             tcp_direct: vec![None; size],
+            tcp_links: vec![None; size],
             tcp_direct_max: 0,
             tcp_eager_max: 0,
             eager_sends: AtomicU64::new(0),
@@ -714,6 +722,7 @@ impl StreamTransport {
                     }
                     let (rd, wr) = s.into_split();
                     let inbox = Arc::new(TcpInbox::new(rd, peer, t.shared.clone(), opts));
+                    t.tcp_links[peer] = Some(inbox.clone());
                     if opts.tcp_direct > 0 {
                         t.tcp_direct[peer] = Some(inbox.clone());
                         t.tcp_direct_max = opts.tcp_direct;
@@ -889,9 +898,9 @@ impl StreamTransport {
     /// all; if it took only part, the rest is queued to the writer task (ahead of
     /// anything queued later, with the receiver of its hand-over if `want_done`).
     /// `None`: nothing was written, the caller queues the message. With `loan` (of
-    /// `data`), the message may be as large as [`DIRECT_LENT_MAX`], is never held back as
-    /// part of a burst, and the rest of its payload is lent to the writer instead of
-    /// copied.
+    /// `data`), the message may be as large as a frame may be, is never held back as
+    /// part of a burst, and the rest of its payload stays the sending task's to write
+    /// ([`crate::loan`]) instead of being copied.
     fn write_direct(
         &self,
         peer: Rank,
@@ -905,7 +914,7 @@ impl StreamTransport {
             return None;
         }
         let len = data.len();
-        let most = if loan.is_some() { DIRECT_LENT_MAX } else { self.tcp_direct_max };
+        let most = if loan.is_some() { hcomm_core::wire::MAX_FRAGMENT as usize } else { self.tcp_direct_max };
         if len > most || self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 {
             return None;
         }
@@ -972,7 +981,15 @@ impl StreamTransport {
             skip -= from;
         }
         let rest = match loan {
-            Some(loan) => Outgoing::lent_rest(header, rest.freeze(), loan.clone(), skip, tx),
+            Some(loan) => {
+                // With the header written whole, the rest of the payload is the
+                // sending task's to write, in its next polls, at once; otherwise the
+                // writer gives it that turn once it has written the header's end.
+                if rest.is_empty() {
+                    loan.begin_at(skip);
+                }
+                Outgoing::lent_rest(header, rest.freeze(), loan.clone(), skip, tx)
+            }
             None => Outgoing::rest(header, rest.freeze(), tx),
         };
         self.direct_writes.1.fetch_add(1, Ordering::Relaxed);
@@ -1117,79 +1134,56 @@ impl StreamTransport {
         // Weak: the mailbox must not keep the links (which hold it) alive.
         let link =
             move |src: Rank| -> Option<Arc<dyn hcomm_core::mailbox::PollLink>> { polled.get(src)?.as_ref()?.upgrade() };
-        self.mailbox.set_progress(hcomm_core::mailbox::Progress { link: Box::new(link), spin: opts.shm.poll });
+        let shared = Arc::downgrade(&self.shared);
+        let busy = move || shared.upgrade().is_some_and(|l| l.unwritten.iter().any(|u| u.load(Ordering::Relaxed) != 0));
+        self.mailbox.set_progress(hcomm_core::mailbox::Progress {
+            link: Box::new(link),
+            spin: opts.recv_spin,
+            busy: Box::new(busy),
+            yield_os: opts.spin_yield,
+        });
     }
     /// [`Transport::send_borrowed`] to a peer whose connection does not take loans
-    /// of its own: lent through shared memory, or copied.
-    fn send_borrowed_shm_or_copy<'s, 'd>(
-        &'s self,
+    /// of its own. A small message goes to the ring or the socket straight from
+    /// `data`, in this call, when nothing is queued before it; anything else is
+    /// copied into a payload the transport owns, which a shared-memory peer may then
+    /// copy out of this process's memory itself ([`crate::shm`]).
+    fn send_borrowed_shm_or_copy(
+        &self,
         peer: Rank,
         mut header: Header,
-        data: &'d [u8],
-    ) -> impl Future<Output = Result<()>> + Send + use<'s, 'd> {
-        use futures::future::Either;
+        data: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send + use<> {
         header.src = self.rank as u32;
         let out = self.direct.get(peer).and_then(Option::as_ref);
-        let lent = out.filter(|o| o.lends(data.len())).and_then(|out| {
-            let pull = out.lend_borrowed(header, data)?;
-            Some((out.clone(), pull))
-        });
-        let Some((out, (id, pull, frame))) = lent else {
-            // A small message to a shared-memory peer goes into the ring straight from
-            // `data` when nothing is queued before it; otherwise it is copied and queued.
-            let queued = match out {
-                Some(out) if !out.lends(data.len()) && self.mailbox.peer_failure(peer).is_none() => {
-                    let mut queued = Ok(None);
-                    out.send_slice(header, data, |h| {
-                        queued = self.queue(peer, h, self.payload_from(data), true);
-                    });
-                    queued
-                }
-                // A small message over plain TCP goes to the socket straight from
-                // `data` when nothing is queued before it (tried once: the copy is
-                // queued without another try).
-                _ if self.tcp_direct.get(peer).is_some_and(Option::is_some) => {
-                    let written =
-                        (header.kind == FrameKind::Data).then(|| self.write_direct(peer, header, data, true, None));
-                    written
-                        .flatten()
-                        .unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, false))
-                }
-                _ => self.enqueue(peer, header, self.payload_from(data), true, true),
-            };
-            return Either::Left(self.handed_over(peer, queued));
-        };
-        let key = hcomm_core::MatchKey { src: peer, comm: hcomm_core::mailbox::LOAN_COMM, seq: id, tag: 0 };
-        let released = Box::pin(self.mailbox.recv_frame(key));
-        let mut loan = crate::shm::LentSend { out, id, data, released, done: false };
-        let queued = self.enqueue(peer, pull, frame, false, true);
-        Either::Right(async move {
-            if let Err(e) = queued {
-                // The pull frame never left: nothing to revoke, only the loan to drop.
-                loan.out.cancel(loan.id);
-                loan.completed();
-                return Err(e);
+        let queued = match out {
+            Some(out) if !out.lends(data.len()) && self.mailbox.peer_failure(peer).is_none() => {
+                let mut queued = Ok(None);
+                out.send_slice(header, data, |h| {
+                    queued = self.queue(peer, h, self.payload_from(data), true);
+                });
+                queued
             }
-            loan.released.as_mut().await?;
-            loan.completed();
-            Ok(())
-        })
+            // A small message over plain TCP goes to the socket straight from `data`
+            // when nothing is queued before it (tried once: the copy is queued
+            // without another try).
+            None if self.tcp_direct.get(peer).is_some_and(Option::is_some) => {
+                let written =
+                    (header.kind == FrameKind::Data).then(|| self.write_direct(peer, header, data, true, None));
+                written.flatten().unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, false))
+            }
+            _ => self.enqueue(peer, header, self.payload_from(data), true, true),
+        };
+        self.handed_over(peer, queued)
     }
 
-    /// [`Transport::send_borrowed`] over a plain tokio TCP connection: the message is
-    /// queued as a [`Loan`] of `data`, which the writer sends from; the future
-    /// revokes it (copying `data`) if dropped before the writer has sent it all.
-    fn lend_tcp<'s, 'd>(
-        &'s self,
-        peer: Rank,
-        mut header: Header,
-        data: &'d [u8],
-    ) -> impl Future<Output = Result<()>> + Send + use<'s, 'd> {
+    /// [`Transport::send_borrowed`] over a plain tokio TCP connection: the sending
+    /// future writes the message's bytes to the socket itself, in its own polls,
+    /// when the connection's writer gives it its turns ([`crate::loan`]); from the
+    /// call, if the writer has nothing queued.
+    fn lend_tcp<'d>(&self, peer: Rank, mut header: Header, data: &'d [u8]) -> LendTcp<'d> {
         header.src = self.rank as u32;
-        let loan = Arc::new(Loan::new(data));
-        // Up to 1 MiB, written in this call if the writer is idle (as small
-        // messages are, `write_direct`); what the kernel does not take then goes to
-        // the writer, lent as the rest would have been.
+        let loan = Arc::new(Loan::new(data.len()));
         let queued = match self.mailbox.peer_failure(peer) {
             Some(e) => Err(e),
             None => match self.write_direct(peer, header, data, true, Some(&loan)) {
@@ -1197,20 +1191,44 @@ impl StreamTransport {
                 None => self.queue_outgoing(peer, Outgoing::lent(header, loan.clone()), true),
             },
         };
-        // Nothing queued (failed, or written whole already): nothing left with the
-        // writer, nothing to revoke.
-        let with_writer = matches!(queued, Ok(Some(_)));
-        let mut lender = Lender { loan, data, done: !with_writer, revoked: self.loans.1.clone() };
+        // Nothing queued (failed, or written whole already): no turns to take.
+        let stream = self.tcp_links.get(peer).and_then(Option::clone);
+        let lender = match (&queued, stream) {
+            (Ok(Some(_)), Some(stream)) => Some(Lender::new(loan, data, stream, self.loans.1.clone())),
+            _ => None,
+        };
         if queued.is_ok() {
             self.loans.0.fetch_add(1, Ordering::Relaxed);
         }
-        let handed = self.handed_over(peer, queued);
-        async move {
-            let r = handed.await;
-            // Written (or failed, or the writer gone): the writer no longer reads it.
-            lender.finish();
-            r
+        LendTcp { lender, handed: Box::pin(self.handed_over(peer, queued)) }
+    }
+}
+
+/// The future of a message lent over plain TCP ([`StreamTransport::lend_tcp`]): takes
+/// its turns, then waits for the writer's hand-over unless its own turns wrote all.
+struct LendTcp<'d> {
+    lender: Option<Lender<'d>>,
+    handed: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
+}
+
+impl Future for LendTcp<'_> {
+    type Output = Result<()>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
+        if let Some(lender) = &mut self.lender {
+            match lender.poll_turn(cx) {
+                // Every byte is in the kernel: done, whenever the writer notices.
+                std::task::Poll::Ready(Ok(())) if lender.all_written() => {
+                    self.lender = None;
+                    return std::task::Poll::Ready(Ok(()));
+                }
+                std::task::Poll::Ready(Ok(())) | std::task::Poll::Pending => {}
+                // The connection broke: what is left goes to the writer as a copy,
+                // whose write fails too and fails the send with the peer's error.
+                std::task::Poll::Ready(Err(_)) => self.lender = None,
+            }
         }
+        self.handed.as_mut().poll(cx)
     }
 }
 
@@ -1243,7 +1261,7 @@ impl Transport for StreamTransport {
     /// revokes the loan if it ends otherwise.
     fn send_borrowed(&self, peer: Rank, header: Header, data: &[u8]) -> impl Future<Output = Result<()>> + Send {
         use futures::future::Either;
-        match self.lend_min.get(peer) {
+        match self.lend_min.get(peer).filter(|_| self.tcp_links.get(peer).is_some_and(Option::is_some)) {
             Some(&min) if data.len() >= min => Either::Left(self.lend_tcp(peer, header, data)),
             _ => Either::Right(self.send_borrowed_shm_or_copy(peer, header, data)),
         }
@@ -1474,11 +1492,11 @@ pub(crate) trait ReadLink {
 pub(crate) trait WriteLink {
     /// Writes all of `batch`, then all of `big`; hands `batch` back.
     async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut);
-    /// Writes bytes `range` of a lent message. Only plain tokio TCP connections are
-    /// given lent messages and write them from the sender's memory; this default, for
-    /// the others, writes a copy.
-    async fn write_lent(&mut self, loan: &Loan, range: std::ops::Range<usize>) -> std::io::Result<()> {
-        self.write(BytesMut::new(), Some(loan.copy(range))).await.0
+    /// Has bytes `range` of a lent message written: its sending task's turn
+    /// ([`Loan::turn`]). Only plain tokio TCP connections are given lent messages;
+    /// the others fail, as for a broken connection.
+    async fn write_lent(&mut self, _loan: &Loan, _range: std::ops::Range<usize>) -> std::io::Result<()> {
+        Err(std::io::Error::other("a lent message reached a link that takes none"))
     }
     /// Ends the sending direction.
     async fn finish(&mut self);
@@ -1673,21 +1691,12 @@ mod tokio_io {
             }
             (res, batch)
         }
-        /// Straight from the sender's memory ([`Loan::send_to`]), one `send(2)` per
-        /// readiness of the socket.
-        async fn write_lent(&mut self, loan: &Loan, mut range: std::ops::Range<usize>) -> std::io::Result<()> {
-            use std::os::fd::AsRawFd;
-            let stream: &tokio::net::TcpStream = self.as_ref();
-            let fd = stream.as_raw_fd();
-            while !range.is_empty() {
-                stream.writable().await?;
-                match stream.try_io(tokio::io::Interest::WRITABLE, || loan.send_to(fd, range.clone())) {
-                    Ok(n) => range.start += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
+        /// The sending task's turn; if it went away first, the copy it left.
+        async fn write_lent(&mut self, loan: &Loan, range: std::ops::Range<usize>) -> std::io::Result<()> {
+            match loan.turn(range).await {
+                crate::loan::TurnOver::Written => Ok(()),
+                crate::loan::TurnOver::Rest(rest) => self.write_all(&rest).await,
             }
-            Ok(())
         }
         async fn finish(&mut self) {
             let _ = self.shutdown().await;
@@ -1902,7 +1911,9 @@ enum Drained {
 ///
 /// [`PollLink`]: hcomm_core::mailbox::PollLink
 pub(crate) struct TcpInbox {
-    half: tokio::net::tcp::OwnedReadHalf,
+    /// The connection's reading half; lent messages are written through it too
+    /// ([`crate::loan`]), as direct writes are.
+    pub(crate) half: tokio::net::tcp::OwnedReadHalf,
     peer: Rank,
     links: Arc<Links>,
     asm: Mutex<Assembler>,
@@ -2142,32 +2153,19 @@ impl TcpInbox {
 }
 
 impl hcomm_core::mailbox::PollLink for TcpInbox {
-    /// Reads nothing: a receive of a small message gains nothing by reading the
-    /// socket itself (the link does not spin, see below, and the reader task reads
-    /// as soon as the socket is readable), and each such poll would cost a lock and a
-    /// parse. Only a receive whose message lands reads ([`PollLink::poll_into`]).
+    /// Reads the socket itself, as a receive does (headers and whole small frames,
+    /// never another message's body): a waiting receive takes its message on its own
+    /// thread instead of being woken by the reader task.
     fn poll(&self) -> bool {
-        !self.ended.load(Ordering::Acquire)
+        self.drain(None, DRAIN_READS, true) != Drained::Ended
     }
 
-    /// No: tokio learns that the socket became readable only when its reactor runs,
-    /// which a receive spinning on this thread would hold off.
+    /// Yes: [`TcpInbox::poll`] reads the socket directly, not through tokio's
+    /// readiness, which only the executor's I/O driver renews.
     fn spins(&self) -> bool {
-        false
+        true
     }
 
-    /// Reads the socket itself if this rank sent the peer a message since the last
-    /// such read: the receive is then likely the other half of an exchange or a
-    /// round trip, whose message is in the socket already or soon (both ranks of a
-    /// small allreduce send before they receive), and taking it here spares the
-    /// reader task's turn and this task's wake-up: 2-rank allreduces of 8 B took 5.4
-    /// µs against 6.7 (four alternated runs of 20 000). A receive with no send before
-    /// it (a broadcast leaf's) reads nothing, and neither does the argument check's
-    /// ([`RecvFrame::passive`](hcomm_core::mailbox::RecvFrame::passive)): the root,
-    /// which sends to the rank whose check it receives, took 1.1-1.25x the time of its
-    /// back-to-back broadcasts reading there.
-    /// Not where ranks outnumber cores: 4 ranks on 2 cores took 1.1-1.15x the time
-    /// of their 8 B allreduces reading here (five alternated runs of 20 000).
     fn poll_first(&self) -> bool {
         if !self.crowded && self.links.sent[self.peer].swap(false, Ordering::Relaxed) {
             let d = self.drain(None, DRAIN_READS, true);
@@ -2177,7 +2175,7 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
             }
             return d != Drained::Ended;
         }
-        self.poll()
+        !self.ended.load(Ordering::Acquire)
     }
 
     fn poll_into(&self, landing: &Landing, dst: &mut [u8]) -> bool {

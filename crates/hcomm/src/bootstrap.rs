@@ -354,14 +354,14 @@ impl Config {
             c.stream.shm.spin = spin;
             c.auto_spin = false;
         }
-        if let Some(poll) = micros_var("HCOMM_SHM_POLL_US")? {
-            if poll > Duration::from_millis(10) {
+        if let Some(spin) = micros_var("HCOMM_RECV_SPIN_US")? {
+            if spin > Duration::from_millis(10) {
                 return Err(Error::config(format!(
-                    "HCOMM_SHM_POLL_US={} is above 10000: a receive would hold its thread that long",
-                    poll.as_micros()
+                    "HCOMM_RECV_SPIN_US={} is above 10000: a receive would hold its thread that long",
+                    spin.as_micros()
                 )));
             }
-            c.stream.shm.poll = poll;
+            c.stream.recv_spin = spin;
         }
         if let Some(spin) = micros_var("HCOMM_TCP_SPIN_US")? {
             c.stream.tcp_spin = spin;
@@ -592,7 +592,6 @@ impl Config {
             );
             o.spin_yield = true;
             o.shm.spin = Duration::ZERO;
-            o.shm.poll = Duration::ZERO;
         }
         o
     }

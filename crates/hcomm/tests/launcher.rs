@@ -82,7 +82,7 @@ fn topo_prints_the_job_and_bad_variables_are_named() {
     for (var, value, says) in [
         ("HCOMM_TCP_SPIN_US", "soon", "HCOMM_TCP_SPIN_US=\"soon\" is not a whole number of microseconds"),
         ("HCOMM_SHM_SPIN_US", "-1", "HCOMM_SHM_SPIN_US=\"-1\""),
-        ("HCOMM_SHM_POLL_US", "20000", "HCOMM_SHM_POLL_US=20000 is above 10000"),
+        ("HCOMM_RECV_SPIN_US", "20000", "HCOMM_RECV_SPIN_US=20000 is above 10000"),
         ("HCOMM_RACK", " ", "HCOMM_RACK is empty"),
         ("HCOMM_TOPOLOGY", "/nonexistent/racks.toml", "cannot read the topology file /nonexistent/racks.toml"),
         ("HCOMM_POOL_BYTES", "lots", "HCOMM_POOL_BYTES"),

@@ -123,14 +123,15 @@ async fn shm_ranks_1_to_8_in_flight_mismatch_and_close() {
     peer_that_closes(hcomm::local_shm(3).await.unwrap()).await;
 }
 
-/// Shared memory with receives that poll the ring themselves, spinning inside their
-/// poll (`HCOMM_SHM_POLL_US`), on a multi-thread and on a current-thread runtime (where
-/// a spinning rank holds the thread its peers need, so every spin runs out).
+/// Shared memory with receives that read the ring once per poll and never spin
+/// (`HCOMM_RECV_SPIN_US=0`; the default spins), on a multi-thread and on a
+/// current-thread runtime: every message then comes through the reader task or a
+/// later poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_receives_that_poll() {
+async fn shm_receives_that_do_not_spin() {
     let polling = |c: &mut hcomm::Config| {
         c.shm = true;
-        c.stream.shm.poll = Duration::from_micros(30);
+        c.stream.recv_spin = Duration::ZERO;
     };
     for n in [2, 3, 5] {
         suite(&hcomm::local_tcp_with(n, polling).await.unwrap()).await;
@@ -142,10 +143,10 @@ async fn shm_receives_that_poll() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn shm_receives_that_poll_on_one_thread() {
+async fn shm_receives_that_do_not_spin_on_one_thread() {
     let polling = |c: &mut hcomm::Config| {
         c.shm = true;
-        c.stream.shm.poll = Duration::from_micros(30);
+        c.stream.recv_spin = Duration::ZERO;
     };
     for n in [2, 3] {
         suite(&hcomm::local_tcp_with(n, polling).await.unwrap()).await;

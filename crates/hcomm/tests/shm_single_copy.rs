@@ -1,5 +1,6 @@
 //! Single copy over shared memory (`hcomm_transport::shm`): large messages stay in the
-//! sender's memory, lent, and the receiver copies them out itself. Every way of sending
+//! sender's memory, lent (a payload the transport owns: handed over, or copied from a
+//! borrowed slice), and the receiver copies them out itself. Every way of sending
 //! against every way of receiving, on both sides of the size that switches it on; a
 //! dropped send; two ranks that both send before they receive; a sender whose side of
 //! the link is gone before its message was read. Ranks are tasks of this process,
@@ -52,10 +53,9 @@ async fn every_send_against_every_receive_across_the_threshold() {
     let large = sizes.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
     released(a, 1).await;
     let (st, _) = stats(a, 1);
-    // Per large size: three receive kinds of each send kind; plus the two f32 sends.
-    assert_eq!(st.lent, 3 * large, "{st:?}");
-    assert_eq!(st.borrowed, 3 * large + 2, "{st:?}");
-    assert_eq!(st.revoked, 0, "{st:?}");
+    // Per large size: three receive kinds of each send kind (a borrowed slice lent
+    // from its copy); plus the two f32 sends.
+    assert_eq!(st.lent, 6 * large + 2, "{st:?}");
     let (st_b, _) = stats(b, 0);
     // Rank 1 copied every lent message out once, straight into its receive or at once
     // when none waited; the refused one only if no receive waited for it yet.
@@ -78,15 +78,11 @@ async fn a_dropped_send_delivers_what_its_buffer_held() {
         comms[1].recv_into(0, 3, &mut out).await.unwrap();
         assert!(out == original, "{len} B: the receiver got the reused buffer");
     }
-    let (st, _) = stats(&comms[0], 1);
-    assert_eq!((st.borrowed, st.revoked), (2, 2), "{st:?}");
-    // The receiver found both sends dropped and read their copies.
-    assert_eq!(stats(&comms[1], 0).0.reread, 2);
     released(&comms[0], 1).await;
 }
 
-/// Both ranks send a large message before they receive: a send that waits until the
-/// peer has copied its buffer must not wait for the peer's receive to be posted.
+/// Both ranks send a large message before they receive: a send must not wait for the
+/// peer's receive to be posted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_ranks_that_send_before_they_receive_do_not_deadlock() {
     let comms = hcomm::local_shm(2).await.unwrap();
@@ -104,8 +100,6 @@ async fn two_ranks_that_send_before_they_receive_do_not_deadlock() {
     };
     let both = futures::future::try_join(exchange(0), exchange(1));
     tokio::time::timeout(Duration::from_secs(60), both).await.expect("no deadlock").unwrap();
-    // Neither receive was posted when the other's message came: copied out at once.
-    assert!(stats(&comms[1], 0).0.unposted >= 1);
 }
 
 /// A rank whose communicator goes away with a lent message unread: its peer's receive

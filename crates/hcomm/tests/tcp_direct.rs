@@ -1,11 +1,11 @@
 //! Small sends written to the socket by the sending task itself
 //! (`StreamOptions::tcp_direct`, `HCOMM_TCP_DIRECT`, up to 64 KiB by default) when
 //! the connection's writer task holds nothing, and lent ones (sends of slices from
-//! 64 KiB, `tcp_lend`) up to 1 MiB: they arrive whole and in order
+//! 64 KiB, `tcp_lend`) up to a frame's largest size: they arrive whole and in order
 //! among queued ones; a write the kernel takes only in part (a peer that stopped
-//! reading) leaves its rest to the writer, ahead of what is queued later, and a lent
-//! rest is revoked (copied) if its send is dropped; off, nothing is written
-//! directly. Ranks are tasks of this process, linked by loopback TCP.
+//! reading) leaves its rest to the writer, ahead of what is queued later (a lent
+//! rest stays the sending future's to write, and is copied if its send is dropped);
+//! off, nothing is written directly. Ranks are tasks of this process, linked by loopback TCP.
 
 use std::time::Duration;
 
@@ -42,9 +42,9 @@ async fn replies_go_directly_and_arrive_whole() {
             s.unwrap();
             assert!(r.unwrap() == data, "reply of {len} B");
         }
-        // A slice of 64 KiB or more is lent (`tcp_lend`), and goes directly up to
-        // 1 MiB; owned bytes go directly up to 64 KiB.
-        let slices = sizes.iter().filter(|&&l| l <= 1 << 20).count() as u64;
+        // A slice of 64 KiB or more is lent (`tcp_lend`), and goes directly up to a
+        // frame's largest size (all of these); owned bytes go directly up to 64 KiB.
+        let slices = sizes.iter().filter(|&&l| l <= 16 << 20).count() as u64;
         let owned = sizes.iter().filter(|&&l| l <= 64 << 10).count() as u64;
         let (whole_a, part_a) = direct(a);
         let (whole_b, part_b) = direct(b);
@@ -334,7 +334,9 @@ fn an_exchange_reads_in_its_first_poll_and_a_lone_receive_does_not() {
                 // message first (then it polls no link); some found it there.
                 assert!(a_ex.0 >= rounds as u64 / 2 && b_ex.0 >= rounds as u64 / 2, "{a_ex:?} {b_ex:?}");
                 assert!(a_ex.1 + b_ex.1 > 0, "no first read found bytes: {a_ex:?} {b_ex:?}");
-                assert_eq!(b_after, b_ex, "a rank that only receives read in first polls");
+                // At most one: the last exchange's send leaves its mark unread when
+                // that exchange's receive found its message delivered already.
+                assert!(b_after.0 - b_ex.0 <= 1, "a rank that only receives read in first polls: {b_ex:?} {b_after:?}");
             }
         }
     }
