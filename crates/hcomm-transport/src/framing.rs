@@ -9,11 +9,10 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use hcomm_core::pool::{self, PoolBuf};
-use hcomm_core::wire::{HEADER_LEN, Header, MAX_FRAGMENT, PAD, SHORT_LEN, SHORT_MAGIC, SHORT_MAX, WireError};
+use hcomm_core::wire::{HEADER_LEN, Header, PAD, SHORT_LEN, SHORT_MAGIC, SHORT_MAX, WireError};
 use hcomm_core::{Error, ErrorKind, Frame, Result};
 use tokio::sync::oneshot;
 
-use crate::loan::Loan;
 use hcomm_core::landing::{LANDING_MIN, Landing};
 
 /// Fragments up to this size are copied into the write batch; larger ones are written
@@ -40,66 +39,33 @@ const DIRECT_MIN: usize = 32 << 10;
 pub(crate) struct Outgoing {
     pub header: Header,
     pub payload: Bytes,
-    /// The message is lent out of the sender's memory instead ([`Loan`]; `payload`
-    /// is then empty).
-    pub lent: Option<Arc<Loan>>,
     pub done: Option<oneshot::Sender<Result<()>>>,
     /// `payload` is the rest of a frame the sending task began writing to the socket
     /// itself ([`Outgoing::rest`]): written as it is, before anything else.
     pub raw: bool,
-    /// Of a raw rest with `lent`: where in the loan the rest begins, after `payload`
-    /// (the unwritten end of the frame's header, if any) ([`Outgoing::lent_rest`]).
-    pub lent_at: usize,
 }
 
 impl Outgoing {
     /// A message whose payload is here.
     pub(crate) fn new(header: Header, payload: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Outgoing {
-        Outgoing { header, payload, lent: None, done, raw: false, lent_at: 0 }
-    }
-
-    /// A message lent out of the sender's memory.
-    pub(crate) fn lent(header: Header, loan: Arc<Loan>) -> Outgoing {
-        Outgoing { header, payload: Bytes::new(), lent: Some(loan), done: None, raw: false, lent_at: 0 }
+        Outgoing { header, payload, done, raw: false }
     }
 
     /// The unwritten end of a frame whose start a sending task wrote to the socket
     /// directly: it goes out next, whole, before any queued message.
     pub(crate) fn rest(header: Header, bytes: Bytes, done: Option<oneshot::Sender<Result<()>>>) -> Outgoing {
-        Outgoing { header, payload: bytes, lent: None, done, raw: true, lent_at: 0 }
-    }
-
-    /// As [`Outgoing::rest`], for a lent payload: `head` (what is left of the
-    /// frame's header, perhaps nothing), then bytes `at..` of `loan`, from the
-    /// sender's memory.
-    pub(crate) fn lent_rest(
-        header: Header,
-        head: Bytes,
-        loan: Arc<Loan>,
-        at: usize,
-        done: Option<oneshot::Sender<Result<()>>>,
-    ) -> Outgoing {
-        Outgoing { header, payload: head, lent: Some(loan), done, raw: true, lent_at: at }
+        Outgoing { header, payload: bytes, done, raw: true }
     }
 
     fn len(&self) -> usize {
-        self.lent.as_ref().map_or(self.payload.len(), |l| l.len())
+        self.payload.len()
     }
-}
-
-/// A fragment too large to copy into the write batch, written right after it.
-#[derive(Debug)]
-pub(crate) enum Big {
-    Bytes(Bytes),
-    /// Bytes `range` of a lent message, written by its sending task ([`Loan::turn`]).
-    Lent(Arc<Loan>, std::ops::Range<usize>),
 }
 
 #[derive(Debug)]
 struct Active {
     header: Header,
     payload: Bytes,
-    lent: Option<Arc<Loan>>,
     len: usize,
     offset: usize,
     done: Option<oneshot::Sender<Result<()>>>,
@@ -168,48 +134,34 @@ impl WriteQueue {
             header.msg_id = self.next_msg_id;
             header.msg_len = len as u64;
             self.next_msg_id = self.next_msg_id.wrapping_add(1);
-            self.active.push_back(Active { header, payload: o.payload, lent: o.lent, len, offset: 0, done: o.done });
+            self.active.push_back(Active { header, payload: o.payload, len, offset: 0, done: o.done });
         }
     }
 
     /// Appends encoded fragments to `batch` until the batch is full, the queue is
-    /// empty, or a fragment too large to copy comes up (or one of a lent message,
-    /// whatever its size): then its header ends the batch and its payload is
-    /// returned, to be written right after the batch.
-    pub fn fill(&mut self, batch: &mut BytesMut) -> Option<Big> {
+    /// empty, or a fragment too large to copy comes up: then its header ends the
+    /// batch and its payload is returned, to be written right after the batch.
+    pub fn fill(&mut self, batch: &mut BytesMut) -> Option<Bytes> {
         // A frame's end left by a direct write was queued while nothing else was
         // (the writer was idle), so nothing queued can precede it.
         while let Some(mut r) = self.raw.pop_front() {
             self.completed += 1;
             self.finished.extend(r.done.take());
-            if let Some(loan) = r.lent.take() {
-                batch.extend_from_slice(&r.payload);
-                let end = loan.len();
-                return Some(Big::Lent(loan, r.lent_at..end));
-            }
             if r.payload.len() > COPY_LIMIT {
-                return Some(Big::Bytes(r.payload));
+                return Some(r.payload);
             }
             batch.extend_from_slice(&r.payload);
         }
         loop {
             self.activate();
             let mut a = self.active.pop_front()?;
-            // A lent message's fragments are each a turn of its sending task (two
-            // hand-overs between tasks), so they are as large as a frame may be.
-            let most = if a.lent.is_some() { MAX_FRAGMENT as usize } else { self.fragment };
-            let n = (a.len - a.offset).min(most);
+            let n = (a.len - a.offset).min(self.fragment);
             let mut h = a.header;
             h.offset = a.offset as u64;
             h.frag_len = n as u32;
             batch.extend_from_slice(&h.encode());
             let range = a.offset..a.offset + n;
-            // A lent message's fragments are never copied here: only its sending
-            // task's own system calls read its memory (see `crate::loan`).
-            let frag = match &a.lent {
-                Some(loan) => Big::Lent(loan.clone(), range.clone()),
-                None => Big::Bytes(a.payload.slice(range)),
-            };
+            let frag = a.payload.slice(range);
             a.offset += n;
             if a.offset == a.len {
                 self.completed += 1;
@@ -217,10 +169,9 @@ impl WriteQueue {
             } else {
                 self.active.push_back(a);
             }
-            let frag = match frag {
-                Big::Bytes(b) if n <= COPY_LIMIT => b,
-                big => return Some(big),
-            };
+            if n > COPY_LIMIT {
+                return Some(frag);
+            }
             batch.extend_from_slice(&frag);
             if batch.len() >= BATCH_LIMIT {
                 return None;
@@ -850,14 +801,8 @@ mod tests {
             let big = q.fill(&mut batch);
             wire.extend_from_slice(&batch);
             batch.clear();
-            match big {
-                Some(Big::Bytes(b)) => wire.extend_from_slice(&b),
-                Some(Big::Lent(loan, range)) => match futures::executor::block_on(loan.turn(range.clone())) {
-                    crate::loan::TurnOver::Rest(b) => wire.extend_from_slice(&b),
-                    // Nothing to write (an empty payload): a test loan has no lender.
-                    crate::loan::TurnOver::Written => assert!(range.is_empty(), "no lender wrote {range:?}"),
-                },
-                None => {}
+            if let Some(b) = big {
+                wire.extend_from_slice(&b);
             }
             q.written();
         }
@@ -926,38 +871,24 @@ mod tests {
     /// A frame whose start a sending task wrote itself (as a direct write taken in
     /// part): its rest, queued before messages queued later, goes out first and
     /// whole, whatever its size, and the stream parses as if one writer wrote it all.
-    /// So with a lent payload, the rest being what is left of the header (copied)
-    /// and the payload from where the write stopped (lent).
     #[test]
     fn the_rest_of_a_direct_write_goes_first() {
         let cuts = [(10, 3), (10, HEADER_LEN + 4), (100_000, HEADER_LEN + 20_000), (0, 1), (100_000, 7)];
-        for ((len, cut), lent) in cuts.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+        for (len, cut) in cuts {
             let mut h = Header::data(1, 0, 0, 7, &Signature::bare(OpKind::Send, len as u64), len);
             (h.msg_id, h.msg_len, h.offset, h.frag_len) = (u64::MAX, len as u64, 0, len as u32);
             let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
             let whole = [&h.encode()[..], &payload].concat();
             let (sent, rest) = whole.split_at(cut);
             let (tx, mut rx) = oneshot::channel();
-            let rest = match lent {
-                false => Outgoing::rest(h, Bytes::copy_from_slice(rest), Some(tx)),
-                true => {
-                    let head = &h.encode()[cut.min(HEADER_LEN)..];
-                    let at = cut.saturating_sub(HEADER_LEN);
-                    let loan = Arc::new(Loan::copied(&payload));
-                    Outgoing::lent_rest(h, Bytes::copy_from_slice(head), loan, at, Some(tx))
-                }
-            };
+            let rest = Outgoing::rest(h, Bytes::copy_from_slice(rest), Some(tx));
             // Queued after the rest: a large message and a small one.
             let wire = encode(vec![rest, msg(8, 70_000, 5), msg(9, 3, 6)], 4096);
             let mut a = Assembler::new(1);
             let mut out = Vec::new();
             push(&mut a, &[sent, &wire].concat(), &mut out).unwrap();
             let got: Vec<(u32, Vec<u8>)> = out.into_iter().map(|f| (f.header.tag, f.payload.to_vec())).collect();
-            assert_eq!(
-                got,
-                vec![(7, payload), (9, vec![6; 3]), (8, vec![5; 70_000])],
-                "{len} B cut at {cut}, lent {lent}"
-            );
+            assert_eq!(got, vec![(7, payload), (9, vec![6; 3]), (8, vec![5; 70_000])], "{len} B cut at {cut}");
             assert!(matches!(rx.try_recv(), Ok(Ok(()))), "the rest's sender learns it was written");
         }
     }

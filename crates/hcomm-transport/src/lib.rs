@@ -14,7 +14,6 @@
 pub mod bundle;
 mod connect;
 mod framing;
-mod loan;
 mod mem;
 #[cfg(all(feature = "rdma", target_os = "linux"))]
 pub mod rdma;

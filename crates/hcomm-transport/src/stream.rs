@@ -31,8 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 use crate::bundle::{self, Bundle, BundleStats, BundleWriter};
-use crate::framing::{Assembler, Big, Outgoing, WriteQueue};
-use crate::loan::{Lender, Loan};
+use crate::framing::{Assembler, Outgoing, WriteQueue};
 use crate::shm::{ShmOptions, ShmPair};
 use hcomm_core::landing::Landing;
 
@@ -88,14 +87,13 @@ pub struct StreamOptions {
     /// trip; see [`crate::bundle`]).
     pub link_stall: Duration,
     /// Messages of this many bytes and more that [`Transport::send_borrowed`] sends to
-    /// a peer over a plain tokio TCP connection are not copied: the send future
-    /// writes them to the socket from the caller's slice itself, in its own polls,
-    /// when the connection's writer task gives it its turn, or from the call if the
-    /// writer holds nothing ([`crate::loan`]); the future completes once the kernel
-    /// has all of it. Zero: always copied at the call. Not used by io_uring (whose
-    /// kernel reads a buffer after the submitting future may be gone), TLS, several
-    /// connections per peer, or shared memory (which lends payloads it owns,
-    /// [`ShmOptions::pull_min`]).
+    /// a peer over a plain tokio TCP connection are written to the socket from the
+    /// caller's slice in the call, as one frame (up to the wire's largest, 16 MiB),
+    /// whatever [`StreamOptions::tcp_direct`] says, when the connection's writer task
+    /// holds nothing; only what the kernel does not take then is copied, for the
+    /// writer (the slice is borrowed for the call only: a future may be leaked).
+    /// Otherwise, and over io_uring, TLS or several connections per peer, the
+    /// message is copied at the call. Zero: always copied.
     pub tcp_lend: usize,
     /// Messages of this many bytes and more (and at least
     /// [`hcomm_core::landing::LANDING_MIN`], 64 KiB), received over a plain tokio
@@ -541,9 +539,6 @@ pub struct StreamTransport {
     /// the sending task writes to the socket itself ([`StreamOptions::tcp_direct`]):
     /// their receiving sides, which hold the socket open.
     tcp_direct: Vec<Option<Arc<TcpInbox>>>,
-    /// The receiving sides of the plain tokio TCP connections, through which a lent
-    /// message's sending future writes ([`crate::loan`]).
-    tcp_links: Vec<Option<Arc<TcpInbox>>>,
     /// [`StreamOptions::tcp_direct`].
     tcp_direct_max: usize,
     /// [`StreamOptions::tcp_eager`], capped at `tcp_direct_max`.
@@ -557,8 +552,10 @@ pub struct StreamTransport {
     /// caller's slice in its own polls (`usize::MAX`: none; see
     /// [`StreamOptions::tcp_lend`]).
     lend_min: Vec<usize>,
-    /// Messages lent to TCP writers, and those of them revoked by a dropped future.
-    loans: (AtomicU64, Arc<AtomicU64>),
+    /// Sends of large slices ([`StreamOptions::tcp_lend`]), and those of them that
+    /// were copied in whole or in part (the kernel did not take them whole at the
+    /// call).
+    loans: (AtomicU64, AtomicU64),
 }
 
 fn broken(peer: Rank, what: &str, e: std::io::Error) -> Error {
@@ -617,13 +614,25 @@ fn gather(q: &mut WriteQueue, first: Outgoing, rx: &mut mpsc::UnboundedReceiver<
 
 /// Moves the frames posted lazily to `peer` into the writer's queue, counted as
 /// unwritten (under the wire lock, as every message handed to the writer); `false`
-/// if there were none.
-fn take_lazy(links: &Links, peer: Rank, q: &mut WriteQueue) -> bool {
+/// if there were none. Under the same lock it first moves in what waits in `rx`
+/// (unless `closing`): the rest of a frame that a sending task began writing directly
+/// may be there, and nothing may go to the socket before it, these frames least of
+/// all.
+fn take_lazy(
+    links: &Links,
+    peer: Rank,
+    q: &mut WriteQueue,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    closing: &mut bool,
+) -> bool {
+    let _wire = links.wire[peer].lock();
+    if !*closing && let Ok(o) = rx.try_recv() {
+        *closing = gather(q, o, rx);
+    }
     let frames = links.take_lazy(peer);
     if frames.is_empty() {
         return false;
     }
-    let _wire = links.wire[peer].lock();
     links.unwritten[peer].fetch_add(frames.len(), Ordering::Relaxed);
     for (h, payload) in frames {
         q.push(Outgoing::new(h, payload.freeze(), None));
@@ -682,14 +691,13 @@ impl StreamTransport {
             encrypted: vec![false; size],
             direct: vec![None; size],
             tcp_direct: vec![None; size],
-            tcp_links: vec![None; size],
             tcp_direct_max: 0,
             tcp_eager_max: 0,
             eager_sends: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             direct_writes: (AtomicU64::new(0), AtomicU64::new(0)),
             lend_min: vec![usize::MAX; size],
-            loans: (AtomicU64::new(0), Arc::new(AtomicU64::new(0))),
+            loans: (AtomicU64::new(0), AtomicU64::new(0)),
         };
         (t, rxs)
     }
@@ -722,7 +730,6 @@ impl StreamTransport {
                     }
                     let (rd, wr) = s.into_split();
                     let inbox = Arc::new(TcpInbox::new(rd, peer, t.shared.clone(), opts));
-                    t.tcp_links[peer] = Some(inbox.clone());
                     if opts.tcp_direct > 0 {
                         t.tcp_direct[peer] = Some(inbox.clone());
                         t.tcp_direct_max = opts.tcp_direct;
@@ -874,7 +881,7 @@ impl StreamTransport {
         }
         if direct
             && header.kind == FrameKind::Data
-            && let Some(done) = self.write_direct(peer, header, &payload, want_done, None)
+            && let Some(done) = self.write_direct(peer, header, &payload, want_done, false)
         {
             return done;
         }
@@ -895,26 +902,25 @@ impl StreamTransport {
     /// Writes data message `header` (its `src` set) with payload `data` to the plain
     /// TCP connection to `peer` in this call, if [`StreamOptions::tcp_direct`] allows
     /// it and the writer task holds nothing: `Some(Ok(None))` once the kernel has it
-    /// all; if it took only part, the rest is queued to the writer task (ahead of
-    /// anything queued later, with the receiver of its hand-over if `want_done`).
-    /// `None`: nothing was written, the caller queues the message. With `loan` (of
-    /// `data`), the message may be as large as a frame may be, is never held back as
-    /// part of a burst, and the rest of its payload stays the sending task's to write
-    /// ([`crate::loan`]) instead of being copied.
+    /// all; if it took only part, a copy of the rest is queued to the writer task
+    /// (ahead of anything queued later, with the receiver of its hand-over if
+    /// `want_done`). `None`: nothing was written, the caller queues the message. A
+    /// `large` message ([`StreamOptions::tcp_lend`]) may be as large as a frame may
+    /// be, and is never held back as part of a burst.
     fn write_direct(
         &self,
         peer: Rank,
         mut header: Header,
         data: &[u8],
         want_done: bool,
-        loan: Option<&Arc<Loan>>,
+        large: bool,
     ) -> Option<Result<Option<oneshot::Receiver<Result<()>>>>> {
         let inbox = self.tcp_direct.get(peer)?.as_ref()?;
         if hcomm_core::transport::gathering() {
             return None;
         }
         let len = data.len();
-        let most = if loan.is_some() { hcomm_core::wire::MAX_FRAGMENT as usize } else { self.tcp_direct_max };
+        let most = if large { hcomm_core::wire::MAX_FRAGMENT as usize } else { self.tcp_direct_max };
         if len > most || self.shared.unwritten[peer].load(Ordering::Relaxed) != 0 {
             return None;
         }
@@ -927,7 +933,7 @@ impl StreamTransport {
         // peer since. A lent message is never gathered: its payload is written alone.
         let ends = if len <= self.tcp_eager_max { &self.shared.eager_end } else { &self.shared.direct_end };
         let last = ends[peer].load(Ordering::Relaxed);
-        if loan.is_none()
+        if !large
             && last != 0
             && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last) < BURST_GAP.as_nanos() as u64
         {
@@ -970,9 +976,8 @@ impl StreamTransport {
             }
             false => (None, None),
         };
-        // What is left: of a lent payload, the end of the header (if any) copied and
-        // the rest of the payload lent; otherwise all of it copied.
-        let parts: &[&[u8]] = if loan.is_some() { &[lazy, &head[..]] } else { &[lazy, &head[..], data] };
+        // What is left is copied: `data` is borrowed for this call only.
+        let parts: &[&[u8]] = &[lazy, &head[..], data];
         let mut rest = BytesMut::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>().saturating_sub(n));
         let mut skip = n;
         for part in parts {
@@ -980,18 +985,7 @@ impl StreamTransport {
             rest.extend_from_slice(&part[from..]);
             skip -= from;
         }
-        let rest = match loan {
-            Some(loan) => {
-                // With the header written whole, the rest of the payload is the
-                // sending task's to write, in its next polls, at once; otherwise the
-                // writer gives it that turn once it has written the header's end.
-                if rest.is_empty() {
-                    loan.begin_at(skip);
-                }
-                Outgoing::lent_rest(header, rest.freeze(), loan.clone(), skip, tx)
-            }
-            None => Outgoing::rest(header, rest.freeze(), tx),
-        };
+        let rest = Outgoing::rest(header, rest.freeze(), tx);
         self.direct_writes.1.fetch_add(1, Ordering::Relaxed);
         // Still under the wire lock: nothing can be queued before the rest.
         self.shared.unwritten[peer].fetch_add(1, Ordering::Relaxed);
@@ -1169,7 +1163,7 @@ impl StreamTransport {
             // without another try).
             None if self.tcp_direct.get(peer).is_some_and(Option::is_some) => {
                 let written =
-                    (header.kind == FrameKind::Data).then(|| self.write_direct(peer, header, data, true, None));
+                    (header.kind == FrameKind::Data).then(|| self.write_direct(peer, header, data, true, false));
                 written.flatten().unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, false))
             }
             _ => self.enqueue(peer, header, self.payload_from(data), true, true),
@@ -1177,58 +1171,30 @@ impl StreamTransport {
         self.handed_over(peer, queued)
     }
 
-    /// [`Transport::send_borrowed`] over a plain tokio TCP connection: the sending
-    /// future writes the message's bytes to the socket itself, in its own polls,
-    /// when the connection's writer gives it its turns ([`crate::loan`]); from the
-    /// call, if the writer has nothing queued.
-    fn lend_tcp<'d>(&self, peer: Rank, mut header: Header, data: &'d [u8]) -> LendTcp<'d> {
+    /// [`Transport::send_borrowed`] of a large slice over a plain tokio TCP connection
+    /// ([`StreamOptions::tcp_lend`]): written from the slice in this call, as one
+    /// frame, when the connection's writer task holds nothing; what the kernel does
+    /// not take then, or the whole message if the writer is busy, is copied for the
+    /// writer.
+    fn send_large_tcp(
+        &self,
+        peer: Rank,
+        mut header: Header,
+        data: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send + use<> {
         header.src = self.rank as u32;
-        let loan = Arc::new(Loan::new(data.len()));
         let queued = match self.mailbox.peer_failure(peer) {
             Some(e) => Err(e),
-            None => match self.write_direct(peer, header, data, true, Some(&loan)) {
-                Some(written) => written,
-                None => self.queue_outgoing(peer, Outgoing::lent(header, loan.clone()), true),
-            },
-        };
-        // Nothing queued (failed, or written whole already): no turns to take.
-        let stream = self.tcp_links.get(peer).and_then(Option::clone);
-        let lender = match (&queued, stream) {
-            (Ok(Some(_)), Some(stream)) => Some(Lender::new(loan, data, stream, self.loans.1.clone())),
-            _ => None,
-        };
-        if queued.is_ok() {
-            self.loans.0.fetch_add(1, Ordering::Relaxed);
-        }
-        LendTcp { lender, handed: Box::pin(self.handed_over(peer, queued)) }
-    }
-}
-
-/// The future of a message lent over plain TCP ([`StreamTransport::lend_tcp`]): takes
-/// its turns, then waits for the writer's hand-over unless its own turns wrote all.
-struct LendTcp<'d> {
-    lender: Option<Lender<'d>>,
-    handed: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
-}
-
-impl Future for LendTcp<'_> {
-    type Output = Result<()>;
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
-        if let Some(lender) = &mut self.lender {
-            match lender.poll_turn(cx) {
-                // Every byte is in the kernel: done, whenever the writer notices.
-                std::task::Poll::Ready(Ok(())) if lender.all_written() => {
-                    self.lender = None;
-                    return std::task::Poll::Ready(Ok(()));
+            None => {
+                self.loans.0.fetch_add(1, Ordering::Relaxed);
+                let written = self.write_direct(peer, header, data, true, true);
+                if !matches!(written, Some(Ok(None))) {
+                    self.loans.1.fetch_add(1, Ordering::Relaxed);
                 }
-                std::task::Poll::Ready(Ok(())) | std::task::Poll::Pending => {}
-                // The connection broke: what is left goes to the writer as a copy,
-                // whose write fails too and fails the send with the peer's error.
-                std::task::Poll::Ready(Err(_)) => self.lender = None,
+                written.unwrap_or_else(|| self.enqueue(peer, header, self.payload_from(data), true, false))
             }
-        }
-        self.handed.as_mut().poll(cx)
+        };
+        self.handed_over(peer, queued)
     }
 }
 
@@ -1253,16 +1219,15 @@ impl Transport for StreamTransport {
         self.handed_over(peer, self.enqueue(peer, header, payload, true, true))
     }
 
-    /// To a shared-memory peer that can read this process, a large message is lent
-    /// out of `data` itself ([`crate::shm`]): the future completes when the peer has
-    /// copied it, and revokes the loan (copying `data`) if it ends otherwise. Over a
-    /// plain tokio TCP connection, a large message is lent to the connection's writer
-    /// ([`crate::loan`]): the future completes when the kernel has all of it, and
-    /// revokes the loan if it ends otherwise.
+    /// Over a plain tokio TCP connection, a large message goes to the socket straight
+    /// from `data` in the call when the writer is idle, and what the kernel does not
+    /// take is copied ([`StreamOptions::tcp_lend`]). Anything else is copied at the
+    /// call, into memory a shared-memory peer may then read itself ([`crate::shm`]).
+    /// Either way, `data` is not touched after the call.
     fn send_borrowed(&self, peer: Rank, header: Header, data: &[u8]) -> impl Future<Output = Result<()>> + Send {
         use futures::future::Either;
-        match self.lend_min.get(peer).filter(|_| self.tcp_links.get(peer).is_some_and(Option::is_some)) {
-            Some(&min) if data.len() >= min => Either::Left(self.lend_tcp(peer, header, data)),
+        match self.lend_min.get(peer) {
+            Some(&min) if data.len() >= min => Either::Left(self.send_large_tcp(peer, header, data)),
             _ => Either::Right(self.send_borrowed_shm_or_copy(peer, header, data)),
         }
     }
@@ -1378,11 +1343,9 @@ impl StreamTransport {
         b
     }
 
-    /// How many messages [`Transport::send_borrowed`] sent to TCP peers out of the
-    /// caller's memory ([`StreamOptions::tcp_lend`]: lent to the writer, or written by
-    /// the sending task itself, see [`StreamOptions::tcp_direct`]), and how many were
-    /// revoked (copied) because their future was dropped before the writer had sent
-    /// them.
+    /// How many large slices [`Transport::send_borrowed`] sent to TCP peers
+    /// ([`StreamOptions::tcp_lend`]), and how many of them were copied in whole or in
+    /// part (the writer was busy, or the kernel did not take all of it at the call).
     pub fn tcp_loans(&self) -> (u64, u64) {
         (self.loans.0.load(Ordering::Relaxed), self.loans.1.load(Ordering::Relaxed))
     }
@@ -1492,12 +1455,6 @@ pub(crate) trait ReadLink {
 pub(crate) trait WriteLink {
     /// Writes all of `batch`, then all of `big`; hands `batch` back.
     async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut);
-    /// Has bytes `range` of a lent message written: its sending task's turn
-    /// ([`Loan::turn`]). Only plain tokio TCP connections are given lent messages;
-    /// the others fail, as for a broken connection.
-    async fn write_lent(&mut self, _loan: &Loan, _range: std::ops::Range<usize>) -> std::io::Result<()> {
-        Err(std::io::Error::other("a lent message reached a link that takes none"))
-    }
     /// Ends the sending direction.
     async fn finish(&mut self);
     /// `messages` queued messages were written completely (by the last `write`).
@@ -1570,14 +1527,14 @@ async fn write_loop<L: WriteLink>(
                 }
                 () = links.lazy_full[peer].notified() => {
                     lazy_due = None;
-                    if !take_lazy(&links, peer, &mut q) {
+                    if !take_lazy(&links, peer, &mut q, &mut rx, &mut closing) {
                         continue;
                     }
                     None
                 }
                 () = tokio::time::sleep_until(lazy_due.unwrap_or_else(tokio::time::Instant::now)), if lazy_due.is_some() => {
                     lazy_due = None;
-                    if !take_lazy(&links, peer, &mut q) {
+                    if !take_lazy(&links, peer, &mut q, &mut rx, &mut closing) {
                         // A direct write took them along.
                         continue;
                     }
@@ -1608,17 +1565,11 @@ async fn write_loop<L: WriteLink>(
             }
         }
         // Whatever was posted lazily goes along.
-        if take_lazy(&links, peer, &mut q) {
+        if take_lazy(&links, peer, &mut q, &mut rx, &mut closing) {
             lazy_due = None;
         }
-        let (res, b) = match q.fill(&mut batch) {
-            Some(Big::Lent(loan, range)) => match link.write(batch, None).await {
-                (Ok(()), b) => (link.write_lent(&loan, range).await, b),
-                failed => failed,
-            },
-            Some(Big::Bytes(big)) => link.write(batch, Some(big)).await,
-            None => link.write(batch, None).await,
-        };
+        let big = q.fill(&mut batch);
+        let (res, b) = link.write(batch, big).await;
         batch = b;
         batch.clear();
         if let Err(e) = res {
@@ -1690,13 +1641,6 @@ mod tokio_io {
                 res = self.write_all(&b).await;
             }
             (res, batch)
-        }
-        /// The sending task's turn; if it went away first, the copy it left.
-        async fn write_lent(&mut self, loan: &Loan, range: std::ops::Range<usize>) -> std::io::Result<()> {
-            match loan.turn(range).await {
-                crate::loan::TurnOver::Written => Ok(()),
-                crate::loan::TurnOver::Rest(rest) => self.write_all(&rest).await,
-            }
         }
         async fn finish(&mut self) {
             let _ = self.shutdown().await;
@@ -1911,9 +1855,8 @@ enum Drained {
 ///
 /// [`PollLink`]: hcomm_core::mailbox::PollLink
 pub(crate) struct TcpInbox {
-    /// The connection's reading half; lent messages are written through it too
-    /// ([`crate::loan`]), as direct writes are.
-    pub(crate) half: tokio::net::tcp::OwnedReadHalf,
+    /// The connection's reading half; direct writes go through it too.
+    half: tokio::net::tcp::OwnedReadHalf,
     peer: Rank,
     links: Arc<Links>,
     asm: Mutex<Assembler>,

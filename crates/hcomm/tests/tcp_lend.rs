@@ -1,11 +1,11 @@
-//! Large messages over plain TCP without copies in user space. Sends lent to the
-//! writer (`StreamOptions::tcp_lend`, `HCOMM_TCP_LEND`): a `send` of a slice of 64 KiB
-//! or more is written straight from the caller's memory instead of a copy made at the
-//! call. Receives that land (`StreamOptions::tcp_land`, `HCOMM_TCP_LAND`, from
+//! Large messages over plain TCP without copies in user space. Large sends
+//! (`StreamOptions::tcp_lend`, `HCOMM_TCP_LEND`): a `send` of a slice of 64 KiB or
+//! more is written to the socket straight from the caller's memory in the call when
+//! the connection's writer is idle, and only what the kernel does not take is copied. Receives that land (`StreamOptions::tcp_land`, `HCOMM_TCP_LAND`, from
 //! 512 KiB by default, from 64 KiB at the least): a `recv_into` of a message that
 //! large, posted before the message comes, reads it from the socket into its buffer
 //! itself. Every way of receiving on both sides of the
-//! threshold; lent and copied messages under one tag in flight together; a send
+//! threshold; large and small messages under one tag in flight together; a send
 //! dropped before or while the writer sends it, its buffer reused at once; a receive
 //! dropped while its message lands. Ranks are tasks of this process, linked by
 //! loopback TCP.
@@ -29,7 +29,7 @@ async fn every_receive_of_lent_sends_across_the_threshold() {
     let comms = hcomm::local_tcp(2).await.unwrap();
     let (a, b) = (&comms[0], &comms[1]);
     assert_eq!(a.transport_name(), "tcp");
-    // Beyond one fragment (512 KiB) and not a multiple of it, too; up to 1 MiB a lent
+    // Beyond one fragment (512 KiB) and not a multiple of it, too; up to 16 MiB a large
     // message goes as one frame written by the sending task (landing at 512 KiB and
     // 1 MiB), beyond it through the writer in fragments.
     let sizes = [0, 1, 4099, LEND_MIN - 1, LEND_MIN, LEND_MIN + 1, 512 << 10, 1 << 20, 1_048_583, 3_000_017];
@@ -43,9 +43,10 @@ async fn every_receive_of_lent_sends_across_the_threshold() {
     }
     // Typed: f32 in, the same count out; another length is refused as a mismatch.
     typed_and_refused(a, b).await;
-    // Three receive kinds per large size, and the two f32 sends: all lent, none revoked.
+    // Three receive kinds per large size, and the two f32 sends: all large. (How
+    // many the kernel took whole depends on how fast the receiver reads.)
     let large = sizes.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
-    assert_eq!(loans(a), (3 * large + 2, 0));
+    assert_eq!(loans(a).0, 3 * large + 2);
     assert_eq!(loans(b), (0, 0));
 }
 
@@ -74,15 +75,13 @@ async fn lent_and_copied_messages_under_one_tag_keep_their_order() {
     for (i, m) in msgs.iter().chain([&msgs[0]]).enumerate() {
         assert!(&got[i] == m, "message {i} ({} B) out of order or corrupted", m.len());
     }
-    let lent = lens.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
-    assert_eq!(loans(a), (lent, 0));
+    let large = lens.iter().filter(|&&l| l >= LEND_MIN).count() as u64;
+    assert_eq!(loans(a).0, large);
 }
 
-/// A send future dropped before the writer ran: the loan is revoked (the buffer
-/// copied), so the receiver gets what the buffer held at the call although it is
-/// overwritten right after the drop. Without the revocation the writer would send the
-/// overwritten bytes. A message of up to 1 MiB the sending task writes itself at
-/// the call, as the writer is idle: written whole, nothing is left to revoke.
+/// A send future dropped before the writer ran: what the kernel did not take at the
+/// call was copied then, so the receiver gets what the buffer held at the call
+/// although it is overwritten right after the drop.
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_dropped_before_the_writer_ran_delivers_what_its_buffer_held() {
     let mut comms = hcomm::local_tcp(2).await.unwrap();
@@ -90,7 +89,7 @@ async fn a_send_dropped_before_the_writer_ran_delivers_what_its_buffer_held() {
     for (i, len) in [LEND_MIN, 1_048_583, 5_000_011].into_iter().enumerate() {
         let mut buf = random_bytes(len, 40 + i as u64);
         let original = buf.clone();
-        // Queued (lent out of `buf`) at the call; dropped before any task ran.
+        // Written or copied at the call; dropped before any task ran.
         drop(comms[0].send(1, 3, &buf));
         buf.fill(0xEE);
         let mut out = vec![0u8; len];
@@ -98,7 +97,6 @@ async fn a_send_dropped_before_the_writer_ran_delivers_what_its_buffer_held() {
         assert!(out == original, "{len} B: the receiver got the reused buffer");
     }
     let (whole, _) = comms[0].transport().tcp_direct_writes();
-    assert!(whole <= 1, "{whole} whole direct writes: only the 64 KiB message may go so");
     assert_eq!(loans(&comms[0]), (3, 3 - whole));
 }
 
@@ -127,7 +125,7 @@ async fn a_send_dropped_while_the_writer_sends_delivers_what_its_buffer_held() {
     assert_eq!(loans(&comms[0]), (1, 1));
 }
 
-/// `HCOMM_TCP_LEND=0` (here `Config::stream.tcp_lend`) turns loans off: the same
+/// `HCOMM_TCP_LEND=0` (here `Config::stream.tcp_lend`) turns large sends off: the same
 /// sends are copied at the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loans_can_be_turned_off() {
