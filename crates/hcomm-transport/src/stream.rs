@@ -55,15 +55,16 @@ pub struct StreamOptions {
     pub peer_timeout: Option<Duration>,
     /// Shared-memory links (see [`crate::shm`]): ring size, spin before parking.
     pub shm: ShmOptions,
-    /// How long a receive from a plain tokio TCP or a shared-memory peer keeps
-    /// reading its link inside one poll of its future before it returns `Pending`
-    /// (`HCOMM_RECV_SPIN_US`). The awaiting future then takes a reply that comes
-    /// within the spin itself, on its own thread: on a multi-thread runtime the
-    /// alternative is the reader task taking it on another worker and waking this
-    /// one, a wake-up across threads that costs more than a short round trip. The
-    /// default is about what that wake-up costs (the classic bound for spinning
-    /// before blocking: never more than twice the better choice). It stops early
-    /// when this rank has messages queued for its writer tasks. Zero: no spin.
+    /// How long a receive from a shared-memory peer keeps reading the ring inside
+    /// the polls of its future before it returns `Pending` (`HCOMM_RECV_SPIN_US`).
+    /// The awaiting future then takes a reply that comes within the spin itself, on
+    /// its own thread: on a multi-thread runtime the alternative is the reader task
+    /// taking it on another worker and waking this one, a wake-up across threads that
+    /// costs more than a short round trip. The default is about what that wake-up
+    /// costs (the classic bound for spinning before blocking: never more than twice
+    /// the better choice). It gives the executor its turn while this rank has
+    /// messages queued for its writer tasks. Zero: no spin. (TCP receives do not
+    /// spin: see `TcpInbox`'s `PollLink::spins`.)
     pub recv_spin: Duration,
     /// How long a tokio TCP reader with nothing to read keeps trying (yielding to the
     /// executor's other tasks between tries) before it waits for the socket to become
@@ -625,6 +626,11 @@ fn take_lazy(
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     closing: &mut bool,
 ) -> bool {
+    // The wire lock only when there is something to take: a direct write that finds
+    // it held goes to the writer instead.
+    if links.lazy[peer].lock().is_empty() {
+        return false;
+    }
     let _wire = links.wire[peer].lock();
     if !*closing && let Ok(o) = rx.try_recv() {
         *closing = gather(q, o, rx);
@@ -2096,17 +2102,19 @@ impl TcpInbox {
 }
 
 impl hcomm_core::mailbox::PollLink for TcpInbox {
-    /// Reads the socket itself, as a receive does (headers and whole small frames,
-    /// never another message's body): a waiting receive takes its message on its own
-    /// thread instead of being woken by the reader task.
+    /// Reads nothing: a receive of a small message gains nothing by reading the
+    /// socket again in later polls, since the reader task reads it as soon as it is
+    /// readable. Only a receive whose message lands reads ([`PollLink::poll_into`]).
     fn poll(&self) -> bool {
-        self.drain(None, DRAIN_READS, true) != Drained::Ended
+        !self.ended.load(Ordering::Acquire)
     }
 
-    /// Yes: [`TcpInbox::poll`] reads the socket directly, not through tokio's
-    /// readiness, which only the executor's I/O driver renews.
+    /// No. Every packet that arrives wakes the worker thread that waits in the
+    /// executor's I/O driver, and its reader task, whatever the receive does; a
+    /// receive spinning beside them only adds a third busy thread (measured: small
+    /// round trips on the multi-thread runtime took twice as long).
     fn spins(&self) -> bool {
-        true
+        false
     }
 
     fn poll_first(&self) -> bool {
