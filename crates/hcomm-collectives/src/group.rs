@@ -685,10 +685,10 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         sent(to, fut)
     }
 
-    /// Sends `data` to group rank `to` under `tag`, borrowing it until the message no
-    /// longer needs it: a transport that lends large messages to a peer on this host
-    /// sends it without a copy here ([`LocalTransport::send_borrowed`]); others copy
-    /// it at the call, as [`OpCtx::send`] of a [`payload`](OpCtx::payload) would.
+    /// Sends `data` to group rank `to` under `tag`, reading it only within this call
+    /// ([`LocalTransport::send_borrowed`]: written straight to the link where it can
+    /// be, the rest copied), as [`OpCtx::send`] of a [`payload`](OpCtx::payload) would
+    /// otherwise copy it all.
     pub fn send_slice<'a, E: Element>(
         &'a self,
         to: usize,

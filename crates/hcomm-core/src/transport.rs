@@ -83,25 +83,23 @@ pub trait LocalTransport {
     /// withdraw it; it only stops waiting for the hand-over.
     fn send(&self, peer: Rank, header: Header, payload: Bytes) -> impl Future<Output = Result<()>>;
 
-    /// Sends `data` to `peer` as [`send`](LocalTransport::send) does, except that
-    /// `data` may stay where it is until the peer has copied it: a transport that can
-    /// let the peer read this process's memory (shared memory, by cross-memory attach)
-    /// lends large messages without a copy on this side, and the future then
-    /// completes once the peer has them; one whose connection's writer can send from
-    /// it (TCP) lends them to the writer, and the future completes once the kernel
-    /// has them; the others copy `data` into a payload at the call
-    /// ([`payload_from`](LocalTransport::payload_from)). Either way the message is
-    /// queued when this method is called, in order with [`send`](LocalTransport::send).
+    /// Sends `data` to `peer` as [`send`](LocalTransport::send) does, from a slice the
+    /// caller keeps: a transport may write it to its link straight from `data` within
+    /// this call (TCP writes a large message from the slice when its connection's
+    /// writer is idle), and copies whatever it has not written by the time the call
+    /// returns into a payload of its own ([`payload_from`](LocalTransport::payload_from)).
+    /// `data` is never read after the call: no task, thread, peer process or device
+    /// keeps its address, so that a future that is dropped or leaked
+    /// (`mem::forget`) cannot let anyone read memory the caller freed. The message is
+    /// queued when this method is called, in order with
+    /// [`send`](LocalTransport::send).
     ///
     /// # Errors
     /// As [`send`](LocalTransport::send).
     ///
     /// # Cancel safety
-    /// The message is queued when this method is called and dropping the future does
-    /// not withdraw it: a transport that lent `data` copies it when the future is
-    /// dropped (before the borrow ends), and the peer (or the writer) reads that copy
-    /// if it has not read `data` yet. A future that is leaked instead (`mem::forget`)
-    /// before it completes lets them read `data` as it is whenever they copy it.
+    /// The message is queued when this method is called and dropping (or leaking) the
+    /// future does not withdraw it; it only stops waiting for the hand-over.
     fn send_borrowed(&self, peer: Rank, header: Header, data: &[u8]) -> impl Future<Output = Result<()>>;
 
     /// Queues a message to `peer` without waiting for anything: for control frames

@@ -630,17 +630,15 @@ impl<T: LocalTransport> Communicator<T> {
         }
     }
 
-    /// Sends `data` to rank `dst` under `tag`, as `MPI_Isend` followed by its wait:
-    /// the future borrows `data` until the message no longer needs it. The message is
-    /// queued when this method is called, and messages to one rank with one tag
-    /// arrive in the order of the calls. Over shared memory a large message (from
-    /// `HCOMM_SHM_CMA` bytes, 64 KiB by default) is not copied here at all: the
-    /// receiving process copies it straight out of `data`, and the future completes
-    /// once it has. Over a plain TCP connection (tokio) a large message (from
-    /// `HCOMM_TCP_LEND` bytes, 64 KiB by default) is not copied either: the
-    /// connection's writer sends it straight out of `data`, and the future completes
-    /// once the kernel has all of it. Otherwise `data` is copied at the call and the
-    /// future completes once the message is handed to the transport. A small message
+    /// Sends `data` to rank `dst` under `tag`, as `MPI_Isend` followed by its wait.
+    /// The message is queued when this method is called, and messages to one rank
+    /// with one tag arrive in the order of the calls. `data` is read only within this
+    /// call: over a plain TCP connection (tokio) a large message (from
+    /// `HCOMM_TCP_LEND` bytes, 64 KiB by default) goes to the socket straight from
+    /// `data` when the connection's writer is idle, and whatever is not written by
+    /// the time the call returns is copied (over shared memory, into memory the peer
+    /// then copies out of itself). For a send without any copy on this side, hand
+    /// the bytes over with [`Communicator::send_bytes`]. A small message
     /// over a plain TCP connection (up to `HCOMM_TCP_EAGER` bytes; by default 8 KiB,
     /// or 4 KiB where the host runs more ranks than it has processors) that is queued
     /// rather than written in the call (it comes within 2 µs of the last one written
@@ -658,10 +656,9 @@ impl<T: LocalTransport> Communicator<T> {
     /// with `dst` that come after it.
     ///
     /// # Cancel safety
-    /// The message is queued when this method is called; dropping the future does not
-    /// withdraw it (a message the peer or the writer was to copy out of `data` is
-    /// copied then, and the rest of it goes from that copy). Leaking the future with
-    /// `mem::forget` before it completes lets them read `data` as it is by then.
+    /// The message is queued when this method is called; dropping or leaking the
+    /// future does not withdraw it, and `data` is free again as soon as the call
+    /// returns (nothing reads it afterwards).
     pub fn send<'a, E: Element>(
         &'a self,
         dst: usize,
