@@ -118,9 +118,9 @@ pub struct StreamOptions {
     /// several connections per peer, or shared memory (which writes small messages
     /// into its ring directly by its own means).
     ///
-    /// Lent messages ([`StreamOptions::tcp_lend`]) go the same way, whatever this
+    /// Large slices ([`StreamOptions::tcp_lend`]) go the same way, whatever this
     /// size, when it is not zero: header and payload in one `writev(2)` from the
-    /// caller's slice, and the rest written by the send future in its next polls.
+    /// caller's slice, and a copy of what the kernel does not take to the writer.
     pub tcp_direct: usize,
     /// Data messages of at most this many bytes (and not more than `tcp_direct`)
     /// to a plain tokio TCP peer that are queued for the writer task rather than
@@ -895,8 +895,8 @@ impl StreamTransport {
         match &self.direct[peer] {
             Some(out) => {
                 let mut queued = Ok(None);
-                // Data messages, and the pull frames of messages lent out of the
-                // caller's buffer, which `send_borrowed` makes before it comes here.
+                // Data messages (a large one becomes a pull frame in the ring, its
+                // payload lent to the peer).
                 let direct = direct && matches!(header.kind, FrameKind::Data | FrameKind::Pull);
                 out.send(header, payload, direct, |h, p| queued = self.queue(peer, h, p, want_done));
                 queued
@@ -936,7 +936,7 @@ impl StreamTransport {
         }
         // The clock only if the last direct write is not awaited yet (0 once it is),
         // or, for a message small enough to be sent eagerly, nothing came from the
-        // peer since. A lent message is never gathered: its payload is written alone.
+        // peer since. A large message is never gathered: its payload is written alone.
         let ends = if len <= self.tcp_eager_max { &self.shared.eager_end } else { &self.shared.direct_end };
         let last = ends[peer].load(Ordering::Relaxed);
         if !large
