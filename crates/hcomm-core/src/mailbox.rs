@@ -310,6 +310,14 @@ pub trait PollLink: Send + Sync {
         true
     }
 
+    /// A receive starts polling the link in a loop (a spin): news that only the
+    /// spinning receive needs should not also wake another thread. Undone by
+    /// [`PollLink::release`] when the spin ends.
+    fn hold(&self) {}
+
+    /// The spin that called [`PollLink::hold`] ended.
+    fn release(&self) {}
+
     /// As [`PollLink::poll`], in the first poll of a receive that offered no landing
     /// (a link may read more eagerly there, once per receive, than in later polls).
     fn poll_first(&self) -> bool {
@@ -562,6 +570,7 @@ fn poll_link(
     if (p.busy)() {
         return Polled::Yield;
     }
+    let _held = Held::new(&*link);
     // One `pause` per try (it lets the line the peer writes move without a pipeline
     // flush); the clock and the queued work only every 64 tries (a reply that comes
     // sooner reads neither).
@@ -587,6 +596,22 @@ fn poll_link(
         }
     }
     unreachable!("the loop returns")
+}
+
+/// A link held by a spinning receive ([`PollLink::hold`]) until dropped.
+struct Held<'a>(&'a dyn PollLink);
+
+impl<'a> Held<'a> {
+    fn new(link: &'a dyn PollLink) -> Held<'a> {
+        link.hold();
+        Held(link)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
 }
 
 /// Decodes an abort frame's payload: an error-kind byte, the peer the error names

@@ -19,6 +19,7 @@ mod mem;
 pub mod rdma;
 pub mod shm;
 mod stream;
+mod tcp;
 #[cfg(feature = "tls")]
 pub mod tls;
 

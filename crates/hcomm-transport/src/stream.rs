@@ -33,6 +33,7 @@ use tokio::task::AbortHandle;
 use crate::bundle::{self, Bundle, BundleStats, BundleWriter};
 use crate::framing::{Assembler, Outgoing, WriteQueue};
 use crate::shm::{ShmOptions, ShmPair};
+use crate::tcp::TcpSock;
 use hcomm_core::landing::Landing;
 
 /// Tuning of the stream transports.
@@ -55,16 +56,16 @@ pub struct StreamOptions {
     pub peer_timeout: Option<Duration>,
     /// Shared-memory links (see [`crate::shm`]): ring size, spin before parking.
     pub shm: ShmOptions,
-    /// How long a receive from a shared-memory peer keeps reading the ring inside
-    /// the polls of its future before it returns `Pending` (`HCOMM_RECV_SPIN_US`).
-    /// The awaiting future then takes a reply that comes within the spin itself, on
-    /// its own thread: on a multi-thread runtime the alternative is the reader task
-    /// taking it on another worker and waking this one, a wake-up across threads that
-    /// costs more than a short round trip. The default is about what that wake-up
-    /// costs (the classic bound for spinning before blocking: never more than twice
-    /// the better choice). It gives the executor its turn while this rank has
-    /// messages queued for its writer tasks. Zero: no spin. (TCP receives do not
-    /// spin: see `TcpInbox`'s `PollLink::spins`.)
+    /// How long a receive from a shared-memory or plain TCP peer keeps reading the
+    /// ring or socket inside the polls of its future before it returns `Pending`
+    /// (`HCOMM_RECV_SPIN_US`). The awaiting future then takes a reply that comes
+    /// within the spin itself, on its own thread: on a multi-thread runtime the
+    /// alternative is the reader task taking it on another worker and waking this
+    /// one, a wake-up across threads that costs more than a short round trip. The
+    /// default is about what that wake-up costs (the classic bound for spinning
+    /// before blocking: never more than twice the better choice). It gives the
+    /// executor its turn while this rank has messages queued for its writer tasks.
+    /// Zero: no spin.
     pub recv_spin: Duration,
     /// How long a tokio TCP reader with nothing to read keeps trying (yielding to the
     /// executor's other tasks between tries) before it waits for the socket to become
@@ -141,9 +142,9 @@ pub struct StreamOptions {
     pub tcp_eager: usize,
 }
 
-/// A send that comes within this long of the end of the last direct write to the
-/// same peer, while the future of that write has not been awaited yet, is queued
-/// instead ([`StreamOptions::tcp_direct`]): a window of small sends made before any
+/// On a current-thread runtime, a send that comes within this long of the end of
+/// the last direct write to the same peer, while the future of that write has not
+/// been awaited yet, is queued instead ([`StreamOptions::tcp_direct`]): a window of small sends made before any
 /// is awaited then goes out in the writer task's few large writes, not one system
 /// call each (which halved the message rate of 8-512 byte `bw_bytes` windows). A
 /// lone message, one sent after a reply came (a round trip, 10 µs on loopback), and
@@ -544,6 +545,11 @@ pub struct StreamTransport {
     tcp_direct_max: usize,
     /// [`StreamOptions::tcp_eager`], capped at `tcp_direct_max`.
     tcp_eager_max: usize,
+    /// Whether sends in a burst are queued for the writer task ([`BURST_GAP`]):
+    /// on a current-thread runtime only, where the hand-over is a task switch. On a
+    /// multi-thread runtime it wakes a parked worker, which costs more than the
+    /// system calls that gathering saves.
+    gather_bursts: bool,
     /// Sends completed at once under [`StreamOptions::tcp_eager`].
     eager_sends: AtomicU64,
     epoch: std::time::Instant,
@@ -699,6 +705,7 @@ impl StreamTransport {
             tcp_direct: vec![None; size],
             tcp_direct_max: 0,
             tcp_eager_max: 0,
+            gather_bursts: true,
             eager_sends: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             direct_writes: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -724,6 +731,8 @@ impl StreamTransport {
         opts: &StreamOptions,
     ) -> StreamTransport {
         let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "tcp"));
+        t.gather_bursts =
+            tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread;
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         let mut inboxes = vec![None; links.len()];
         let mut polled: Vec<Option<std::sync::Weak<dyn hcomm_core::mailbox::PollLink>>> = vec![None; links.len()];
@@ -734,8 +743,14 @@ impl StreamTransport {
                     if opts.tcp_lend > 0 {
                         t.lend_min[peer] = opts.tcp_lend;
                     }
-                    let (rd, wr) = s.into_split();
-                    let inbox = Arc::new(TcpInbox::new(rd, peer, t.shared.clone(), opts));
+                    let sock = match crate::tcp::TcpSock::new(s) {
+                        Ok(sock) => Arc::new(sock),
+                        Err(e) => {
+                            t.mailbox.fail_peer(peer, broken(peer, "setting up the connection", e));
+                            continue;
+                        }
+                    };
+                    let inbox = Arc::new(TcpInbox::new(sock.clone(), peer, t.shared.clone(), opts));
                     if opts.tcp_direct > 0 {
                         t.tcp_direct[peer] = Some(inbox.clone());
                         t.tcp_direct_max = opts.tcp_direct;
@@ -743,6 +758,7 @@ impl StreamTransport {
                     }
                     polled[peer] = Some(Arc::downgrade(&inbox) as std::sync::Weak<dyn hcomm_core::mailbox::PollLink>);
                     let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin, opts.spin_yield));
+                    let wr = tokio_io::TcpWrite(sock);
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
                 }
@@ -940,6 +956,7 @@ impl StreamTransport {
         let ends = if len <= self.tcp_eager_max { &self.shared.eager_end } else { &self.shared.direct_end };
         let last = ends[peer].load(Ordering::Relaxed);
         if !large
+            && self.gather_bursts
             && last != 0
             && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last) < BURST_GAP.as_nanos() as u64
         {
@@ -958,9 +975,8 @@ impl StreamTransport {
         self.shared.encode_lazy(peer, &mut wire);
         let lazy = &wire[..];
         let parts = [std::io::IoSlice::new(lazy), std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
-        let stream: &tokio::net::TcpStream = inbox.half.as_ref();
         self.shared.sent[peer].store(true, Ordering::Relaxed);
-        let n = stream.try_write_vectored(&parts);
+        let n = inbox.sock.try_write_vectored(&parts);
         let end = self.epoch.elapsed().as_nanos().max(1) as u64;
         self.shared.direct_end[peer].store(end, Ordering::Relaxed);
         self.shared.eager_end[peer].store(end, Ordering::Relaxed);
@@ -1640,6 +1656,22 @@ mod tokio_io {
         }
     }
 
+    /// The writing side of a plain TCP connection ([`crate::tcp`]).
+    pub(super) struct TcpWrite(pub Arc<crate::tcp::TcpSock>);
+
+    impl WriteLink for TcpWrite {
+        async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut) {
+            let mut res = self.0.write_all(&batch).await;
+            if let (Ok(()), Some(b)) = (&res, big) {
+                res = self.0.write_all(&b).await;
+            }
+            (res, batch)
+        }
+        async fn finish(&mut self) {
+            self.0.shutdown_write();
+        }
+    }
+
     impl WriteLink for OwnedWriteHalf {
         async fn write(&mut self, batch: BytesMut, big: Option<Bytes>) -> (std::io::Result<()>, BytesMut) {
             let mut res = self.write_all(&batch).await;
@@ -1782,29 +1814,14 @@ fn land_patience(crowded: bool, len: u64) -> Duration {
 /// before it leaves the socket to the reader task ([`recv_spinning`]).
 const OWNER_SPIN: Duration = Duration::from_micros(50);
 
-/// One `recv(2)` of at most `len` bytes into `dst`, without waiting. Made directly,
-/// not through tokio's readiness, which only the executor's I/O driver renews: a
-/// receive reading on this thread (and spinning, see [`recv_spinning`]) would hold that
-/// off and never see the next bytes.
-///
-/// # Safety
-/// `dst` must be valid for writes of `len` bytes.
-#[allow(unsafe_code)]
-unsafe fn recv_now(half: &tokio::net::tcp::OwnedReadHalf, dst: *mut u8, len: usize) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: the caller's promise.
-    let n = unsafe { libc::recv(half.as_ref().as_raw_fd(), dst.cast(), len, libc::MSG_DONTWAIT) };
-    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
-}
-
-/// Reads into `dst` what the socket holds ([`recv_now`]); while it finds nothing,
-/// tries again for up to `spin` (holding the thread, as a blocking MPI receive does).
+/// Reads into `dst` what the socket holds; while it finds nothing, tries again for up
+/// to `spin` (holding the thread, as a blocking MPI receive does).
 #[allow(unsafe_code)] // recv(2) into a buffer we hold mutably
-fn recv_spinning(half: &tokio::net::tcp::OwnedReadHalf, dst: &mut [u8], spin: Duration) -> std::io::Result<usize> {
+fn recv_spinning(sock: &TcpSock, dst: &mut [u8], spin: Duration) -> std::io::Result<usize> {
     let mut start = None;
     loop {
         // SAFETY: `dst` is a live, exclusively borrowed buffer of `dst.len()` bytes.
-        match unsafe { recv_now(half, dst.as_mut_ptr(), dst.len()) } {
+        match unsafe { sock.recv(dst.as_mut_ptr(), dst.len(), 0) } {
             Err(e)
                 if e.kind() == std::io::ErrorKind::WouldBlock
                     && start.get_or_insert_with(std::time::Instant::now).elapsed() < spin =>
@@ -1816,14 +1833,13 @@ fn recv_spinning(half: &tokio::net::tcp::OwnedReadHalf, dst: &mut [u8], spin: Du
     }
 }
 
-/// Reads into `buf`'s spare capacity, at most `limit` bytes, what the socket holds
-/// ([`recv_now`]).
+/// Reads into `buf`'s spare capacity, at most `limit` bytes, what the socket holds.
 #[allow(unsafe_code)] // recv(2) into spare capacity, then the length set to what it wrote
-fn recv_spare(half: &tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut, limit: usize) -> std::io::Result<usize> {
+fn recv_spare(sock: &TcpSock, buf: &mut BytesMut, limit: usize) -> std::io::Result<usize> {
     let spare = buf.spare_capacity_mut();
     let n = spare.len().min(limit);
     // SAFETY: `spare` is writable memory of at least `n` bytes owned by `buf`.
-    let got = unsafe { recv_now(half, spare.as_mut_ptr().cast(), n) }?;
+    let got = unsafe { sock.recv(spare.as_mut_ptr().cast(), n, 0) }?;
     // SAFETY: recv(2) initialised the first `got` bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + got) };
     Ok(got)
@@ -1861,8 +1877,8 @@ enum Drained {
 ///
 /// [`PollLink`]: hcomm_core::mailbox::PollLink
 pub(crate) struct TcpInbox {
-    /// The connection's reading half; direct writes go through it too.
-    half: tokio::net::tcp::OwnedReadHalf,
+    /// The connection; direct writes go through it too.
+    sock: Arc<TcpSock>,
     peer: Rank,
     links: Arc<Links>,
     asm: Mutex<Assembler>,
@@ -1892,12 +1908,7 @@ impl TcpInbox {
     /// that cannot spin gains nothing (the reader reads nearly all of its message)
     /// but its reads (a window of 64 receives of 16 MiB, 4 ranks on 2 cores, kept a
     /// rank from sending heartbeats past the peer timeout once in three sweeps).
-    pub(crate) fn new(
-        half: tokio::net::tcp::OwnedReadHalf,
-        peer: Rank,
-        links: Arc<Links>,
-        opts: &StreamOptions,
-    ) -> TcpInbox {
+    pub(crate) fn new(sock: Arc<TcpSock>, peer: Rank, links: Arc<Links>, opts: &StreamOptions) -> TcpInbox {
         let land = opts.tcp_land > 0 && !opts.tcp_spin.is_zero();
         let asm = Mutex::new(
             match land {
@@ -1908,13 +1919,7 @@ impl TcpInbox {
         );
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
         let crowded = opts.spin_yield;
-        TcpInbox { half, peer, links, asm, ended: AtomicBool::new(false), owner_spin, crowded, land }
-    }
-
-    /// Whether tokio has seen the socket readable (no system call, no waker kept).
-    fn readable_now(&self) -> bool {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        self.half.as_ref().poll_read_ready(&mut cx).is_ready()
+        TcpInbox { sock, peer, links, asm, ended: AtomicBool::new(false), owner_spin, crowded, land }
     }
 
     /// Reads what the socket holds (without waiting) and delivers the whole messages,
@@ -1940,7 +1945,7 @@ impl TcpInbox {
             asm.claim_late();
             let mine = owner.as_ref().and_then(|(l, _)| asm.owner_target(l));
             let is_owner = owner.is_some() || inline;
-            // A short read that emptied the socket (see `read_ready`): nothing more to read.
+            // A short read that emptied the socket (see below): nothing more to read.
             let mut short = false;
             let res = match (mine, owner.as_mut()) {
                 (Some((at, len)), Some((l, dst))) => {
@@ -1950,16 +1955,7 @@ impl TcpInbox {
                     let idle = self.links.unwritten[self.peer].load(Ordering::Relaxed) == 0;
                     let spin = if idle { self.owner_spin } else { Duration::ZERO };
                     let dst = &mut dst[at..at + len];
-                    let mut r = recv_spinning(&self.half, dst, spin);
-                    if r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock) {
-                        // Nothing there. Through tokio once more, which then forgets the
-                        // readiness it saw (a direct read leaves it set): the reader would
-                        // otherwise offer this receive turns for bytes that are not there,
-                        // and, the turn never taken, read the next bytes itself once its
-                        // patience ran out (on 4 ranks sharing 2 processors, 30-50% of the
-                        // leaves' bytes of 16 MiB broadcasts were read so and copied).
-                        r = self.recv_clearing(dst);
-                    }
+                    let r = recv_spinning(&self.sock, dst, spin);
                     if let Ok(n @ 1..) = r {
                         asm.owner_filled(n);
                     }
@@ -1982,7 +1978,7 @@ impl TcpInbox {
                     if let Some(l) = asm.landed_target()
                         && !self.owner_spin.is_zero()
                         && self.links.unwritten[self.peer].load(Ordering::Relaxed) == 0
-                        && self.readable_now()
+                        && self.sock.has_bytes()
                         && l.offer_turn(TURN_PATIENCE)
                     {
                         turn = true;
@@ -2000,13 +1996,12 @@ impl TcpInbox {
                     }
                     let at_rest = asm.at_rest();
                     let (mut buf, limit) = asm.read_target();
-                    let r = match is_owner {
-                        // A receive on its way to its message's next fragment: tokio's
-                        // readiness is stale after the receive's own reads (see
-                        // `recv_spinning`), so ask the socket.
-                        true => recv_spare(&self.half, &mut buf, limit),
-                        false => self.read_ready(&mut buf, limit, at_rest, &mut short),
-                    };
+                    let asked = limit.min(buf.capacity() - buf.len());
+                    let r = recv_spare(&self.sock, &mut buf, limit);
+                    // A short read (fewer bytes than asked) made while no message was
+                    // partly received emptied the socket: no `recv(2)` that would only
+                    // say so. In the middle of a message the next bytes are on their way.
+                    short = at_rest && r.as_ref().is_ok_and(|&n| n > 0 && n < asked);
                     asm.filled(buf);
                     r
                 }
@@ -2031,47 +2026,6 @@ impl TcpInbox {
             (1.., _) => Drained::Some(reads),
             (0, true) => Drained::Turn,
             (0, false) => Drained::Nothing,
-        }
-    }
-
-    /// Reads into `dst` if tokio has seen the socket readable; if the socket has
-    /// nothing, tokio forgets that readiness (unless it saw a newer one meanwhile).
-    #[allow(unsafe_code)] // recv(2) into a buffer we hold mutably
-    fn recv_clearing(&self, dst: &mut [u8]) -> std::io::Result<usize> {
-        let stream: &tokio::net::TcpStream = self.half.as_ref();
-        // SAFETY: `dst` is a live, exclusively borrowed buffer of `dst.len()` bytes.
-        stream.try_io(tokio::io::Interest::READABLE, || unsafe { recv_now(&self.half, dst.as_mut_ptr(), dst.len()) })
-    }
-
-    /// Reads into `buf` (at most `limit` bytes) if tokio has seen the socket
-    /// readable. A short read (fewer bytes than asked) made while the parser was
-    /// `at_rest` (no message partly received) emptied the socket: it sets `short`
-    /// and forgets the readiness tokio saw before the read, as tokio's own
-    /// `poll_read` does, instead of a `recv(2)` that would only say so (whose cost
-    /// came before the message's delivery, on every small message). Bytes that come
-    /// after the read raise a new edge: if the reactor saw it already (another
-    /// worker thread), its newer readiness stays. Not in the middle of a message:
-    /// there the next bytes are on their way, and 2-rank broadcasts of 8-64 MiB,
-    /// whose reader then waited for the reactor after its short reads, took up to
-    /// twice their time (BENCHMARKS.md).
-    fn read_ready(&self, buf: &mut BytesMut, limit: usize, at_rest: bool, short: &mut bool) -> std::io::Result<usize> {
-        let asked = limit.min(buf.capacity() - buf.len());
-        let stream: &tokio::net::TcpStream = self.half.as_ref();
-        let mut got = 0;
-        let r = stream.try_io(tokio::io::Interest::READABLE, || match recv_spare(&self.half, buf, limit) {
-            Ok(n) if n > 0 && n < asked && at_rest => {
-                got = n;
-                // Makes `try_io` clear the readiness it read before calling us.
-                Err(std::io::ErrorKind::WouldBlock.into())
-            }
-            other => other,
-        });
-        match got {
-            0 => r,
-            n => {
-                *short = true;
-                Ok(n)
-            }
         }
     }
 
@@ -2102,19 +2056,17 @@ impl TcpInbox {
 }
 
 impl hcomm_core::mailbox::PollLink for TcpInbox {
-    /// Reads nothing: a receive of a small message gains nothing by reading the
-    /// socket again in later polls, since the reader task reads it as soon as it is
-    /// readable. Only a receive whose message lands reads ([`PollLink::poll_into`]).
+    /// Reads what the socket holds, as a receive does (never another message's body).
     fn poll(&self) -> bool {
-        !self.ended.load(Ordering::Acquire)
+        self.drain(None, DRAIN_READS, true) != Drained::Ended
     }
 
-    /// No. Every packet that arrives wakes the worker thread that waits in the
-    /// executor's I/O driver, and its reader task, whatever the receive does; a
-    /// receive spinning beside them only adds a third busy thread (measured: small
-    /// round trips on the multi-thread runtime took twice as long).
-    fn spins(&self) -> bool {
-        false
+    fn hold(&self) {
+        self.sock.hold();
+    }
+
+    fn release(&self) {
+        self.sock.release();
     }
 
     fn poll_first(&self) -> bool {
@@ -2169,7 +2121,7 @@ async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration, yield_os: bool) {
                         std::thread::yield_now();
                     }
                     tokio::task::yield_now().await;
-                } else if let Err(e) = inbox.half.readable().await {
+                } else if let Err(e) = inbox.sock.readable().await {
                     inbox.end(&mut inbox.asm.lock(), Some(broken(inbox.peer, "receiving", e)));
                     return;
                 }
