@@ -80,10 +80,73 @@ async fn pump(r: usize, width: usize, prefix: bool, src: impl AsyncRead + Unpin,
     }
 }
 
+/// Makes the rank `cmd` starts die (SIGKILL) when the thread that starts it ends,
+/// which for the `hcomm` launcher is its process: a launcher killed outright
+/// (SIGKILL, an out-of-memory kill) then leaves no rank behind.
+#[allow(unsafe_code)]
+fn die_with_launcher(cmd: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it makes two system calls (prctl,
+    // getppid) and touches no memory but its own stack and the copied `parent`.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher died before the line above: nobody would kill this rank.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the launcher exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The signals that stop a job: SIGINT (ctrl-c), SIGTERM (`timeout`, `kill`, Slurm,
+/// systemd, CI cancellation) and SIGHUP (a closed terminal).
+struct Signals(Vec<(Signal, tokio::signal::unix::Signal)>);
+
+impl Signals {
+    fn new() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let kinds = [
+            (Signal::SIGINT, SignalKind::interrupt()),
+            (Signal::SIGTERM, SignalKind::terminate()),
+            (Signal::SIGHUP, SignalKind::hangup()),
+        ];
+        let mut v = Vec::with_capacity(kinds.len());
+        for (sig, kind) in kinds {
+            v.push((sig, signal(kind).map_err(|e| Error::io(format!("handling {sig}"), e))?));
+        }
+        Ok(Signals(v))
+    }
+
+    /// The next of them to arrive.
+    async fn next(&mut self) -> Signal {
+        std::future::poll_fn(|cx| {
+            for (sig, s) in &mut self.0 {
+                if s.poll_recv(cx).is_ready() {
+                    return std::task::Poll::Ready(*sig);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+}
+
 /// Runs the job to the end. Must run inside a tokio runtime.
 ///
 /// # Errors
 /// A configuration error if `ranks` is 0 or the program cannot be started.
+///
+/// SIGINT, SIGTERM and SIGHUP sent to this process go to every rank's process
+/// group, then SIGKILL after a grace period (at once on a second signal); the exit
+/// code is then 128 plus the signal's number. Each rank is killed when the thread
+/// that called this ends, so that a launcher killed outright leaves no rank behind:
+/// call it from a thread that lives as long as the job (the main thread, or a
+/// runtime's worker).
 ///
 /// # Cancel safety
 /// Dropping the future kills every rank (they are started with `kill_on_drop`).
@@ -122,6 +185,7 @@ pub async fn run(l: Launch) -> Result<Outcome> {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        die_with_launcher(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -155,9 +219,8 @@ pub async fn run(l: Launch) -> Result<Outcome> {
         }));
     }
     let mut outcome = Outcome { code: 0, failed_rank: None };
-    let mut interrupted = false;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    let mut signals = Signals::new()?;
+    let mut signalled = false;
     while !waits.is_empty() {
         tokio::select! {
             Some(done) = waits.next() => {
@@ -176,10 +239,16 @@ pub async fn run(l: Launch) -> Result<Outcome> {
                     }
                 }
             }
-            _ = &mut ctrl_c, if !interrupted => {
-                interrupted = true;
-                eprintln!("hcomm run: interrupted; stopping every rank");
-                outcome.code = 130;
+            sig = signals.next() => {
+                if signalled {
+                    // A second signal: no more grace.
+                    eprintln!("hcomm run: {sig} again; killing every rank");
+                    pids.iter().for_each(|&p| signal_group(p, Signal::SIGKILL));
+                    continue;
+                }
+                signalled = true;
+                eprintln!("hcomm run: got {sig}; stopping every rank (SIGTERM, then SIGKILL after {GRACE:?})");
+                outcome.code = 128 + sig as i32;
                 let _ = kill_tx.send(true);
             }
         }

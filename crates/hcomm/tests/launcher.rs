@@ -96,3 +96,69 @@ fn topo_prints_the_job_and_bad_variables_are_named() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Whether process `pid` is gone (or a zombie nobody has reaped yet).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+/// A launcher stopped by SIGTERM, SIGHUP, SIGINT or SIGKILL (as `timeout`, Slurm,
+/// systemd, a closed terminal or an out-of-memory kill stop it) leaves no rank
+/// running 5 s later; with the first three it exits with 128 plus the signal.
+#[test]
+#[allow(unsafe_code)] // kill(2)
+fn no_rank_outlives_its_launcher() {
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT, libc::SIGKILL] {
+        let dir = std::env::temp_dir().join(format!("hcomm-launcher-{}-{sig}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = format!("echo $$ > {}/pid.$HCOMM_RANK; exec sleep 120", dir.display());
+        let mut launcher = hcomm()
+            .args(["run", "-n", "3", "--", "sh", "-c", &script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        let pids: Vec<i32> = loop {
+            let pids: Vec<i32> = (0..3)
+                .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid.{r}"))).ok())
+                .filter_map(|s| s.trim().parse().ok())
+                .collect();
+            if pids.len() == 3 {
+                break pids;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "the ranks did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // SAFETY: kill(2) takes no pointers; the pid is our child's, not yet reaped.
+        assert_eq!(unsafe { libc::kill(launcher.id() as i32, sig) }, 0);
+        let status = launcher.wait().unwrap();
+        let t1 = Instant::now();
+        while !pids.iter().all(|&p| gone(p)) && t1.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| !gone(p)).collect();
+        for &p in &left {
+            // Do not leave them to the next test.
+            // SAFETY: kill(2) takes no pointers.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "signal {sig}: ranks {left:?} outlived the launcher by 5 s");
+        use std::os::unix::process::ExitStatusExt;
+        match sig {
+            libc::SIGKILL => assert_eq!(status.signal(), Some(libc::SIGKILL)),
+            _ => {
+                assert_eq!(status.code(), Some(128 + sig), "signal {sig}");
+                let mut err = String::new();
+                std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut err).unwrap();
+                assert!(err.contains("stopping every rank"), "signal {sig}: {err}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
