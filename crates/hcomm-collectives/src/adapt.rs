@@ -666,7 +666,7 @@ fn agreement<T: LocalTransport>(g: &Group<T>, family: &'static str, tag: u32, mi
         let key = MatchKey { src: peer, comm: g.comm_id(), seq: ADAPT_SEQ, tag };
         recvs.push((r, peer, mailbox.recv(key)));
     }
-    let timeout = g.timeout();
+    let timeout = hcomm_core::saturate(g.timeout());
     let deadline = tokio::time::Instant::now() + timeout;
     let fut = async move {
         let mut agreed = mine;

@@ -163,7 +163,7 @@ impl<T: LocalTransport> Group<T> {
             layout: Arc::new(Layout::flat(n)),
             next_seq: AtomicU64::new(1),
             shrinks: AtomicU64::new(0),
-            timeout,
+            timeout: hcomm_core::saturate(Some(timeout)),
             stall_warn: Some(DEFAULT_STALL_WARN),
             tuning,
             memo: Memos::default(),
@@ -356,13 +356,15 @@ impl<T: LocalTransport> Group<T> {
         &self.topology
     }
 
-    /// Default deadline of each operation.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
+    /// Default deadline of each operation; `None` for never.
+    pub fn timeout(&self) -> Option<Duration> {
+        (self.timeout < hcomm_core::NEVER).then_some(self.timeout)
     }
 
-    pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
+    /// Sets the deadline of operations started from now on: a duration, or `None`
+    /// for never (as is anything longer than [`hcomm_core::NEVER`]).
+    pub fn set_timeout(&mut self, timeout: impl Into<Option<Duration>>) {
+        self.timeout = hcomm_core::saturate(timeout.into());
     }
 
     /// After how long a waiting operation reports its stall (again after twice,
@@ -371,8 +373,10 @@ impl<T: LocalTransport> Group<T> {
         self.stall_warn
     }
 
+    /// Sets the stall threshold of operations started from now on (`None`: no
+    /// reports).
     pub fn set_stall_warn(&mut self, after: Option<Duration>) {
-        self.stall_warn = after;
+        self.stall_warn = after.filter(|&d| d < hcomm_core::NEVER);
     }
 
     /// How this group chooses algorithms.
@@ -904,7 +908,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
                     return Poll::Ready(Err(self.timeout_error()));
                 }
                 self.report_stall();
-                warn_after = warn_after.map(|d| d * 2);
+                warn_after = warn_after.map(|d| d.saturating_mul(2));
                 timer.set(None);
             }
         })

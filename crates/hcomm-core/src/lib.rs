@@ -30,4 +30,15 @@ pub type Rank = usize;
 /// A point-to-point message tag, chosen by the application.
 pub type Tag = u32;
 
+/// The longest wait HComm arms a timer for: a timeout at or above it, or none at all,
+/// never fires. About 34 years, so that adding it to any clock reading cannot
+/// overflow.
+pub const NEVER: std::time::Duration = std::time::Duration::from_secs(1 << 30);
+
+/// A timeout as HComm keeps it: `None` (never) and anything longer than [`NEVER`]
+/// become [`NEVER`].
+pub fn saturate(timeout: Option<std::time::Duration>) -> std::time::Duration {
+    timeout.map_or(NEVER, |t| t.min(NEVER))
+}
+
 pub use half::{bf16, f16};

@@ -305,7 +305,7 @@ async fn greet(
     mut s: TcpStream,
     opts: &MeshOptions,
 ) -> std::result::Result<(Rank, usize, TcpStream), String> {
-    let until = Instant::now() + opts.handshake_timeout;
+    let until = Instant::now() + opts.handshake_timeout.min(hcomm_core::NEVER);
     let mut b = [0u8; HELLO_LEN + PROOF_LEN];
     match timeout_at(until, s.read_exact(&mut b)).await {
         Err(_) => return Err(format!("no handshake within {:?}", opts.handshake_timeout)),
@@ -418,7 +418,7 @@ pub async fn connect_mesh_links(
         ));
     }
     let local: Vec<Option<IpAddr>> = listeners.iter().map(|l| l.local_addr().ok().map(|a| a.ip())).collect();
-    let deadline = Instant::now() + opts.timeout;
+    let deadline = Instant::now() + opts.timeout.min(hcomm_core::NEVER);
     let dials = futures::future::try_join_all((0..rank).flat_map(|peer| (0..links).map(move |i| (peer, i))).map(
         |(peer, i)| {
             let id = LinkId { link: i as u8, links: links as u8, from: local[i % paths] };

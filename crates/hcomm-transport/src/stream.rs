@@ -450,6 +450,7 @@ where
     P: Fn() -> F,
     F: Future<Output = ()>,
 {
+    let timeout = timeout.min(hcomm_core::NEVER);
     let tick = (timeout / 8).max(Duration::from_millis(5));
     let mut last = tokio::time::Instant::now();
     let mut stalled_ms = links.now_ms();

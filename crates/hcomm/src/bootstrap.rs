@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::comm::{Communicator, Keep};
-use crate::env::{LaunchEnv, duration_var, micros_var, size_var};
+use crate::env::{LaunchEnv, micros_var, size_var, wait_var};
 use crate::ifname::IfSpec;
 use crate::store::{StoreClient, StoreServer};
 
@@ -39,12 +39,14 @@ pub struct Config {
     /// makes one). `None`: the job id stands in for it, which keeps other jobs out
     /// but not an attacker who knows the id.
     pub secret: Option<String>,
-    /// Deadline of each operation.
+    /// Deadline of each operation (`HCOMM_TIMEOUT`, seconds, or `off`);
+    /// [`hcomm_core::NEVER`] or more for never.
     pub timeout: Duration,
-    /// Deadline of the whole bootstrap.
+    /// Deadline of the whole bootstrap (`HCOMM_CONNECT_TIMEOUT`, seconds, or `off`);
+    /// [`hcomm_core::NEVER`] or more for never.
     pub connect_timeout: Duration,
     /// After how long a waiting operation reports what it waits for; `None` for
-    /// never (`HCOMM_STALL_WARN`, seconds, `0` for never).
+    /// never (`HCOMM_STALL_WARN`, seconds, or `off`).
     pub stall_warn: Option<Duration>,
     /// Tuning of the TCP transports.
     pub stream: StreamOptions,
@@ -236,15 +238,6 @@ fn hosts_of(places: &[Placement]) -> Vec<String> {
     places.iter().map(|p| p.host.clone()).collect()
 }
 
-/// A number of seconds, or `0` for off.
-fn parse_off_or_seconds(var: &str, v: &str, what: &str) -> Result<Option<Duration>> {
-    match v.trim().parse::<f64>() {
-        Ok(0.0) => Ok(None),
-        Ok(s) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
-        _ => Err(Error::config(format!("{var}={v:?} is not a number of seconds (0 turns {what} off)"))),
-    }
-}
-
 /// FNV-1a of the job id, as carried in handshakes.
 pub(crate) fn job_hash(job_id: &str) -> u64 {
     job_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
@@ -303,17 +296,17 @@ impl Config {
             Ok(s) => Some(s),
             Err(_) => None,
         };
-        if let Some(t) = duration_var("HCOMM_TIMEOUT")? {
-            c.timeout = t;
+        if let Some(t) = wait_var("HCOMM_TIMEOUT")? {
+            c.timeout = hcomm_core::saturate(t);
         }
-        if let Some(t) = duration_var("HCOMM_CONNECT_TIMEOUT")? {
-            c.connect_timeout = t;
+        if let Some(t) = wait_var("HCOMM_CONNECT_TIMEOUT")? {
+            c.connect_timeout = hcomm_core::saturate(t);
         }
-        if let Ok(v) = std::env::var("HCOMM_STALL_WARN") {
-            c.stall_warn = parse_off_or_seconds("HCOMM_STALL_WARN", &v, "stall reports")?;
+        if let Some(t) = wait_var("HCOMM_STALL_WARN")? {
+            c.stall_warn = t;
         }
-        if let Ok(v) = std::env::var("HCOMM_PEER_TIMEOUT") {
-            c.stream.peer_timeout = parse_off_or_seconds("HCOMM_PEER_TIMEOUT", &v, "peer failure detection")?;
+        if let Some(t) = wait_var("HCOMM_PEER_TIMEOUT")? {
+            c.stream.peer_timeout = t;
         }
         if let Ok(v) = std::env::var("HCOMM_SHM") {
             c.shm = Error::parse_flag("HCOMM_SHM", &v)?;
@@ -641,7 +634,7 @@ impl Config {
         if size == 0 || rank >= size {
             return Err(Error::config(format!("rank {rank} of {size} ranks")));
         }
-        let deadline = Instant::now() + self.connect_timeout;
+        let deadline = Instant::now() + self.connect_timeout.min(hcomm_core::NEVER);
         let job = job_hash(&self.job_id);
         if self.secret.is_none() {
             tracing::warn!(rank, "HCOMM_JOB_SECRET is not set: connections prove the job id only");

@@ -22,6 +22,10 @@ use crate::store::StoreServer;
 /// ([`Communicator::calibrate`]); applications should use tags below it.
 pub const RESERVED_TAGS: Tag = 0xFFFF_FF00;
 
+/// The longest [`Communicator::finalize`] waits for its peers: a rank that finishes
+/// should not hang on one that never will, whatever the operations' timeout.
+const FINALIZE_MOST: Duration = Duration::from_secs(60);
+
 /// What a job keeps alive while any of its communicators lives.
 #[derive(Debug, Default)]
 pub(crate) struct Keep {
@@ -94,7 +98,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// Dropping the future closes the connections at once, as dropping the
     /// communicator does.
     pub async fn finalize(self) -> Result<()> {
-        let deadline = self.timeout().min(Duration::from_secs(60));
+        let deadline = self.timeout().map_or(FINALIZE_MOST, |t| t.min(FINALIZE_MOST));
         let start = tokio::time::Instant::now();
         // The last rooted collectives' argument checks first (`ArgCheck::Deferred`):
         // a mismatch they find is this call's error. The shutdown has what is left
@@ -161,13 +165,15 @@ impl<T: LocalTransport> Communicator<T> {
         self.group.hier_plan().stages.len()
     }
 
-    /// Deadline of each operation, counted from the call.
-    pub fn timeout(&self) -> Duration {
+    /// Deadline of each operation, counted from the call; `None` for never.
+    pub fn timeout(&self) -> Option<Duration> {
         self.group.timeout()
     }
 
-    /// Sets the deadline of operations called from now on.
-    pub fn set_timeout(&mut self, timeout: Duration) {
+    /// Sets the deadline of operations called from now on: a duration, or `None`
+    /// for never (as is anything longer than [`hcomm_core::NEVER`], about 34 years,
+    /// `Duration::MAX` included).
+    pub fn set_timeout(&mut self, timeout: impl Into<Option<Duration>>) {
         self.group.set_timeout(timeout);
     }
 

@@ -203,17 +203,35 @@ pub fn size_var(var: &str) -> Result<Option<usize>> {
     }
 }
 
-/// A duration from a variable holding seconds (fractions allowed); `None` if unset.
+/// A wait from a variable: seconds (fractions allowed), or never: `off`, `never`,
+/// `none` or `0`. Anything longer than [`hcomm_core::NEVER`] (about 34 years; `1e30`,
+/// `inf`) is never as well. `None` if unset; `Some(None)` for never.
 ///
 /// # Errors
-/// A configuration error if the value is not a positive number of seconds.
-pub fn duration_var(var: &str) -> Result<Option<Duration>> {
+/// A configuration error naming the variable if the value is none of these.
+pub fn wait_var(var: &str) -> Result<Option<Option<Duration>>> {
     match std::env::var(var) {
         Err(_) => Ok(None),
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
-            _ => Err(Error::config(format!("{var}={v:?} is not a positive number of seconds"))),
-        },
+        Ok(v) => parse_wait(&v)
+            .map(Some)
+            .ok_or_else(|| Error::config(format!("{var}={v:?} is not a number of seconds, nor `off`"))),
+    }
+}
+
+/// See [`wait_var`].
+fn parse_wait(v: &str) -> Option<Option<Duration>> {
+    let v = v.trim();
+    if ["off", "never", "none"].iter().any(|w| v.eq_ignore_ascii_case(w)) {
+        return Some(None);
+    }
+    match v.parse::<f64>() {
+        Ok(0.0) => Some(None),
+        Ok(s) if s > 0.0 => {
+            let d = Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
+            Some((d < hcomm_core::NEVER).then_some(d))
+        }
+        // Negative, NaN, or not a number.
+        _ => None,
     }
 }
 
@@ -236,6 +254,18 @@ pub fn micros_var(var: &str) -> Result<Option<Duration>> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn waits_are_seconds_or_never_and_never_overflow() {
+        assert_eq!(parse_wait("1.5"), Some(Some(Duration::from_millis(1500))));
+        assert_eq!(parse_wait(" 30 "), Some(Some(Duration::from_secs(30))));
+        for never in ["0", "0.0", "off", "OFF", "never", "none", "1e30", "1e19", "inf", "1e300"] {
+            assert_eq!(parse_wait(never), Some(None), "{never}");
+        }
+        for bad in ["", "-1", "NaN", "five", "1s", "-inf"] {
+            assert_eq!(parse_wait(bad), None, "{bad:?}");
+        }
+    }
 
     fn env(vars: &[(&str, &str)]) -> Result<LaunchEnv> {
         let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

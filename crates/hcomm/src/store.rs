@@ -207,7 +207,8 @@ async fn serve(
                 Response::Ok
             }
             Request::Get { keys, wait_ms } => {
-                let deadline = Instant::now() + Duration::from_millis(wait_ms);
+                // A client's wait, bounded so that no value it sends overflows the clock.
+                let deadline = Instant::now() + Duration::from_millis(wait_ms).min(hcomm_core::NEVER);
                 loop {
                     let notified = state.changed.notified();
                     tokio::pin!(notified);

@@ -94,6 +94,18 @@ fn topo_prints_the_job_and_bad_variables_are_named() {
         assert!(!ok, "{var}={value} was accepted: {out}");
         assert!(out.contains(says), "{var}={value}: {out}");
     }
+    // Waits beyond what the clock can add, and `off`: never, and no panic.
+    for value in ["1e30", "1e19", "off"] {
+        let waits: Vec<(&str, &str)> =
+            ["HCOMM_TIMEOUT", "HCOMM_CONNECT_TIMEOUT", "HCOMM_PEER_TIMEOUT", "HCOMM_STALL_WARN"]
+                .iter()
+                .map(|v| (*v, value))
+                .collect();
+        let (ok, out) = topo(&waits);
+        assert!(ok && out.contains("2 ranks on 1 hosts"), "waits of {value}: {out}");
+    }
+    let (ok, out) = topo(&[("HCOMM_TIMEOUT", "-3")]);
+    assert!(!ok && out.contains("HCOMM_TIMEOUT=\"-3\" is not a number of seconds, nor `off`"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -73,3 +73,42 @@ fn no_report_below_the_threshold_or_when_turned_off() {
     let log = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     assert!(!log.contains("stalled"), "{log}");
 }
+
+/// A deadline and a stall threshold of `Duration::MAX` mean never: operations still
+/// complete, with no overflow, and `None` reads back.
+#[test]
+fn the_longest_waits_are_never_and_do_not_overflow() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut comms = hcomm::local(3);
+        for (r, c) in comms.iter_mut().enumerate() {
+            match r {
+                0 => c.set_timeout(Duration::MAX),
+                1 => c.set_timeout(None),
+                _ => c.set_timeout(Duration::from_secs(1 << 40)),
+            }
+            c.set_stall_warn(Some(Duration::MAX));
+            assert_eq!(c.timeout(), None);
+        }
+        let res = join_all(comms.iter().enumerate().map(|(r, c)| async move {
+            let mut v = vec![r as f64; 7];
+            // Rank 2 comes late: the others' timers are armed while they wait.
+            if r == 2 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            c.all_reduce(&mut v, ReduceOp::Sum).await?;
+            match r {
+                0 => c.send(1, 5, &v).await?,
+                1 => assert_eq!(c.recv::<f64>(0, 5).await?, v),
+                _ => {}
+            }
+            Ok::<_, hcomm::Error>(v)
+        }))
+        .await;
+        for r in res {
+            assert_eq!(r.unwrap(), vec![3.0; 7]);
+        }
+        comms[0].set_timeout(Duration::from_secs(7));
+        assert_eq!(comms[0].timeout(), Some(Duration::from_secs(7)));
+    });
+}
