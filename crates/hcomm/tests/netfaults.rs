@@ -238,18 +238,25 @@ fn finish(case: &str, children: Vec<Child>) -> Vec<String> {
     outs
 }
 
+/// Where emulated hosts are required (`.ci/run` as root), a failure to build them
+/// fails the test instead of skipping it.
+#[test]
+#[should_panic(expected = "HCOMM_TEST_REQUIRE_NETNS forbids skipping: no namespaces")]
+fn a_required_cluster_does_not_skip() {
+    netem::or_skip_unless(Err(String::from("no namespaces")), true);
+}
+
+#[test]
+fn an_optional_cluster_skips() {
+    assert!(netem::or_skip_unless(Err(String::from("no namespaces")), false).is_none());
+}
+
 fn cluster() -> Option<Cluster> {
     cluster_of(HOSTS, 1)
 }
 
 fn cluster_of(hosts: usize, planes: usize) -> Option<Cluster> {
-    match Cluster::with_planes(hosts, planes) {
-        Ok(c) => Some(c),
-        Err(why) => {
-            println!("SKIPPED: cannot build emulated hosts here: {why}");
-            None
-        }
-    }
+    netem::or_skip(Cluster::with_planes(hosts, planes))
 }
 
 fn ready_file(case: &str) -> PathBuf {

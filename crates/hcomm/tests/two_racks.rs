@@ -238,13 +238,7 @@ fn spine_bytes(c: &Cluster) -> u64 {
 }
 
 fn cluster() -> Option<Cluster> {
-    let c = match Cluster::new(HOSTS) {
-        Ok(c) => c,
-        Err(why) => {
-            println!("SKIPPED: cannot build emulated hosts here: {why}");
-            return None;
-        }
-    };
+    let c = netem::or_skip(Cluster::new(HOSTS))?;
     let racks: Vec<usize> = (0..HOSTS).map(rack_of_host).collect();
     c.set_spine(
         &racks,

@@ -21,6 +21,28 @@
 
 #![allow(dead_code)] // each test binary uses part of it
 
+/// The cluster `built` holds, or `None` after printing why it could not be built, for
+/// the test to skip. Where `HCOMM_TEST_REQUIRE_NETNS` is set (`.ci/run` sets it when it
+/// runs as root, where the hosts can be built), a test never skips: it fails with the
+/// reason.
+pub fn or_skip(built: Result<Cluster, String>) -> Option<Cluster> {
+    or_skip_unless(built, std::env::var_os("HCOMM_TEST_REQUIRE_NETNS").is_some())
+}
+
+/// [`or_skip`], told whether skipping is forbidden.
+pub fn or_skip_unless(built: Result<Cluster, String>, required: bool) -> Option<Cluster> {
+    match built {
+        Ok(c) => Some(c),
+        Err(why) if required => {
+            panic!("cannot build emulated hosts, and HCOMM_TEST_REQUIRE_NETNS forbids skipping: {why}")
+        }
+        Err(why) => {
+            println!("SKIPPED: cannot build emulated hosts here: {why}");
+            None
+        }
+    }
+}
+
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io;
