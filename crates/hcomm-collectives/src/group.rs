@@ -150,6 +150,7 @@ impl<T: LocalTransport> Group<T> {
         topology: Topology,
         timeout: Duration,
     ) -> Group<T> {
+        hcomm_core::op::name_algorithms(crate::signature_algo);
         let tuning = Tuning::for_transport(transport.name());
         let n = members.len();
         let mut g = Group {
@@ -436,26 +437,7 @@ impl<T: LocalTransport> Group<T> {
     /// and at the peers, fails with an aborted error that carries `reason` and names
     /// this rank. Returns that error. Frames to the peers are queued at once.
     pub fn abort(&self, reason: &str) -> Error {
-        let me = self.world_rank(self.me);
-        let err = Error::new(ErrorKind::Aborted, format!("communicator aborted by rank {me}: {reason}")).with_peer(me);
-        let mailbox = self.transport.mailbox();
-        if mailbox.abort_comm(self.comm, err.clone()) {
-            let payload = encode_abort(&err);
-            for (i, &peer) in self.members.iter().enumerate() {
-                if i != self.me {
-                    let h = Header::control(
-                        FrameKind::Abort,
-                        OpKind::Barrier,
-                        me,
-                        self.comm,
-                        COMM_ABORT_SEQ,
-                        payload.len(),
-                    );
-                    self.transport.post(peer, h, payload.clone());
-                }
-            }
-        }
-        mailbox.comm_aborted(self.comm).unwrap_or(err)
+        abort_comm(&*self.transport, self.comm, &self.members, self.world_rank(self.me), reason)
     }
 
     /// After failures: the surviving ranks agree on which members failed and return
@@ -547,6 +529,28 @@ impl<T: LocalTransport> Group<T> {
     pub fn p2p_deadline<F>(&self, op: OpKind, peer: usize, fut: F) -> P2pDeadline<F> {
         P2pDeadline { fut, timer: None, timeout: self.timeout, op, peer, me: self.me }
     }
+}
+
+/// Aborts communicator `comm` of `members` (world ranks) on every one of them, as
+/// [`Group::abort`] does, from rank `me` (a world rank among them): for code that
+/// holds the transport but not the group.
+pub fn abort_comm<T: LocalTransport + ?Sized>(
+    transport: &T,
+    comm: u64,
+    members: &[Rank],
+    me: Rank,
+    reason: &str,
+) -> Error {
+    let err = Error::new(ErrorKind::Aborted, format!("communicator aborted by rank {me}: {reason}")).with_peer(me);
+    let mailbox = transport.mailbox();
+    if mailbox.abort_comm(comm, err.clone()) {
+        let payload = encode_abort(&err);
+        for &peer in members.iter().filter(|&&p| p != me) {
+            let h = Header::control(FrameKind::Abort, OpKind::Barrier, me, comm, COMM_ABORT_SEQ, payload.len());
+            transport.post(peer, h, payload.clone());
+        }
+    }
+    mailbox.comm_aborted(comm).unwrap_or(err)
 }
 
 pin_project_lite::pin_project! {

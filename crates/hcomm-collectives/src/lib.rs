@@ -78,7 +78,7 @@ pub use exchange::{
     AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo, allgather, allgatherv, bruck_alltoall, pairwise_alltoallv,
     reduce_scatter, reduce_scatter_signature,
 };
-pub use group::{AlgoPlan, DEFAULT_STALL_WARN, Group, OpCtx, P2pDeadline, Unstarted};
+pub use group::{AlgoPlan, DEFAULT_STALL_WARN, Group, OpCtx, P2pDeadline, Unstarted, abort_comm};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
 pub use scan::scan;
 
@@ -133,6 +133,12 @@ pub fn allgather_signature<E: Element>(count: usize, algo: AllgatherAlgo) -> Sig
         root: None,
         algo: algo as u8,
     }
+}
+
+/// [`algo_name`] for signatures ([`hcomm_core::op::name_algorithms`]): `None` for a
+/// code no algorithm has, which then shows as a number.
+fn signature_algo(op: OpKind, code: u8) -> Option<&'static str> {
+    Some(algo_name(op, code)).filter(|&n| n != "unknown")
 }
 
 /// The name of the algorithm an operation of kind `op` ran, from the code its
@@ -334,4 +340,25 @@ async fn checked_now<T: LocalTransport, R>(
 
 pub(crate) fn bound(total: usize, parts: usize, i: usize) -> usize {
     (total as u128 * i as u128 / parts as u128) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_name_their_algorithm() {
+        hcomm_core::op::name_algorithms(signature_algo);
+        let sig = allreduce_signature::<f32>(10, ReduceOp::Sum, AllreduceAlgo::Ring);
+        assert!(sig.to_string().ends_with(", algorithm=ring)"), "{sig}");
+        let sig = rooted_signature::<u8>(OpKind::Broadcast, 3, None, 0, BcastAlgo::Binomial as u8);
+        assert!(sig.to_string().ends_with(", algorithm=binomial)"), "{sig}");
+        for algo in AlltoallAlgo::ALL {
+            assert_eq!(signature_algo(OpKind::AllToAll, algo as u8), Some(algo.name()));
+        }
+        // A code no algorithm has (a peer of another version) shows as a number.
+        let mut sig = allreduce_signature::<f32>(10, ReduceOp::Sum, AllreduceAlgo::Ring);
+        sig.algo = 200;
+        assert!(sig.to_string().ends_with(", algorithm=200)"), "{sig}");
+    }
 }

@@ -243,8 +243,13 @@ impl fmt::Display for Error {
     }
 }
 
+/// The message, as `Display` gives it, so that `fn main() -> hcomm::Result<()>`
+/// prints a sentence (as anyhow's errors do); `{:#?}` gives the fields.
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !f.alternate() {
+            return fmt::Display::fmt(self, f);
+        }
         let i = &self.0;
         f.debug_struct("Error")
             .field("kind", &i.kind)
@@ -280,6 +285,14 @@ mod tests {
         let e = e.at_rank(9).in_op(OpKind::Barrier, Some(1));
         assert_eq!(e.rank(), Some(3));
         assert_eq!(e.op(), Some(OpKind::AllReduce));
+    }
+
+    #[test]
+    fn debug_reads_as_the_message_and_alternate_shows_the_fields() {
+        let e = Error::new(ErrorKind::Timeout, "no matching message within 5s").with_peer(1).at_rank(0);
+        assert_eq!(format!("{e:?}"), "rank 0: timed out: no matching message within 5s (peer rank 1)");
+        let fields = format!("{e:#?}");
+        assert!(fields.starts_with("Error {") && fields.contains("kind: Timeout"), "{fields}");
     }
 
     #[test]

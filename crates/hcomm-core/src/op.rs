@@ -129,6 +129,16 @@ impl Signature {
     }
 }
 
+/// The names of the algorithms' codes, per operation: see [`name_algorithms`].
+static ALGO_NAMES: std::sync::OnceLock<fn(OpKind, u8) -> Option<&'static str>> = std::sync::OnceLock::new();
+
+/// Lets signatures show their algorithm by name (`algorithm=ring`) rather than by
+/// code: the crate that defines the algorithms calls this once, with the names of
+/// its codes.
+pub fn name_algorithms(names: fn(OpKind, u8) -> Option<&'static str>) {
+    let _ = ALGO_NAMES.set(names);
+}
+
 impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}(count={}", self.op, self.count)?;
@@ -142,7 +152,10 @@ impl fmt::Display for Signature {
             write!(f, ", root={root}")?;
         }
         if self.algo != 0 {
-            write!(f, ", algorithm={}", self.algo)?;
+            match ALGO_NAMES.get().and_then(|names| names(self.op, self.algo)) {
+                Some(name) => write!(f, ", algorithm={name}")?,
+                None => write!(f, ", algorithm={}", self.algo)?,
+            }
         }
         f.write_str(")")
     }

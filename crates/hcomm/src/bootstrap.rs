@@ -288,6 +288,7 @@ impl Config {
     /// # Errors
     /// A configuration error naming the variable at fault.
     pub fn from_env() -> Result<Config> {
+        crate::env::warn_unknown_vars();
         let e = LaunchEnv::from_env()?;
         let mut c = Config::new(e.rank, e.size, e.addr);
         c.job_id = e.job_id;
@@ -589,8 +590,29 @@ impl Config {
         o
     }
 
-    fn finish<T: LocalTransport>(&self, t: T, places: &[Placement], keep: Keep) -> Result<Communicator<T>> {
+    fn finish<T: LocalTransport + Send + Sync + 'static>(
+        &self,
+        t: T,
+        places: &[Placement],
+        keep: Keep,
+    ) -> Result<Communicator<T>> {
         let mut group = Group::world(Arc::new(t), 0, Topology::from_placements(places), self.timeout)?;
+        if let Some(store) = &keep.store {
+            // A second process claimed a rank of this job (see `StoreServer::set`): a
+            // stranger may be among the ranks this one just connected to.
+            if let Some(why) = store.conflict() {
+                return Err(boot(self.rank, format!("the rendezvous store this rank serves refused a rank: {why}")));
+            }
+            let transport = Arc::downgrade(group.transport());
+            let (rank, size) = (self.rank, self.size);
+            store.on_conflict(move |why| {
+                if let Some(t) = transport.upgrade() {
+                    let members: Vec<usize> = (0..size).collect();
+                    let reason = format!("the rendezvous store refused a rank after the job formed: {why}");
+                    hcomm_collectives::abort_comm(&*t, 0, &members, rank, &reason);
+                }
+            });
+        }
         group.set_stall_warn(self.stall_warn);
         if self.tuning_from_env {
             group.set_tuning(Tuning::for_transport(group.transport().name()).with_env(|k| std::env::var(k).ok())?);

@@ -203,6 +203,118 @@ pub fn size_var(var: &str) -> Result<Option<usize>> {
     }
 }
 
+/// Every `HCOMM_*` variable HComm reads (or its tests set), for the warning about
+/// unknown ones ([`warn_unknown_vars`]).
+pub const KNOWN_VARS: &[&str] = &[
+    "HCOMM_ADAPT",
+    "HCOMM_ADDR",
+    "HCOMM_ALGO_ALLGATHER",
+    "HCOMM_ALGO_ALLREDUCE",
+    "HCOMM_ALGO_ALLTOALL",
+    "HCOMM_ALGO_BROADCAST",
+    "HCOMM_ALGO_REDUCE_SCATTER",
+    "HCOMM_BIND",
+    "HCOMM_CALIBRATE",
+    "HCOMM_CHECK_ARGS",
+    "HCOMM_CONNECT_TIMEOUT",
+    "HCOMM_COST_ALPHA_US",
+    "HCOMM_COST_GBPS",
+    "HCOMM_COST_HOST_GBPS",
+    "HCOMM_COST_HOST_US",
+    "HCOMM_COST_REDUCE_GBPS",
+    "HCOMM_COST_SPINE_GBPS",
+    "HCOMM_COST_SPINE_US",
+    "HCOMM_HOST",
+    "HCOMM_IFNAME",
+    "HCOMM_JOB_ID",
+    "HCOMM_JOB_SECRET",
+    "HCOMM_LINKS",
+    "HCOMM_LINK_STALL_US",
+    "HCOMM_LOCAL_RANK",
+    "HCOMM_PEER_TIMEOUT",
+    "HCOMM_POOL_BYTES",
+    "HCOMM_PORT_RANGE",
+    "HCOMM_RACK",
+    "HCOMM_RANK",
+    "HCOMM_RDMA_DEVICE",
+    "HCOMM_RDMA_EAGER",
+    "HCOMM_RDMA_GID_INDEX",
+    "HCOMM_RDMA_PORT",
+    "HCOMM_RDMA_RECV_DEPTH",
+    "HCOMM_RECV_SPIN_US",
+    "HCOMM_REPRODUCIBLE",
+    "HCOMM_SHM",
+    "HCOMM_SHM_CMA",
+    "HCOMM_SHM_RING",
+    "HCOMM_SHM_SPIN_US",
+    "HCOMM_SIZE",
+    "HCOMM_SPIN_YIELD",
+    "HCOMM_STALL_WARN",
+    "HCOMM_STATS",
+    "HCOMM_STATS_FILE",
+    "HCOMM_STATS_LEVEL",
+    "HCOMM_TCP_CONGESTION",
+    "HCOMM_TCP_DIRECT",
+    "HCOMM_TCP_EAGER",
+    "HCOMM_TCP_LAND",
+    "HCOMM_TCP_LEND",
+    "HCOMM_TCP_SPIN_US",
+    "HCOMM_TEST_REQUIRE_NETNS",
+    "HCOMM_TIMEOUT",
+    "HCOMM_TLS",
+    "HCOMM_TOPOLOGY",
+    "HCOMM_TOPO_AWARE",
+    "HCOMM_TUNE",
+    "HCOMM_TUNE_FILE",
+];
+
+/// Warns once per process, for each `HCOMM_*` variable in the environment that
+/// HComm does not read, with the known name nearest to it: a misspelt setting
+/// (`HCOMM_TIMOUT`) would otherwise be ignored silently. A `tracing` warning (target
+/// `hcomm::config`), or a line on standard error when no subscriber is installed.
+pub fn warn_unknown_vars() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (name, _) in std::env::vars_os() {
+            let Some(name) = name.to_str() else { continue };
+            if let Some(msg) = unknown_var(name) {
+                if tracing::dispatcher::has_been_set() {
+                    tracing::warn!(target: "hcomm::config", "{msg}");
+                } else {
+                    eprintln!("hcomm: {msg}");
+                }
+            }
+        }
+    });
+}
+
+/// The warning for variable `name`, if it is an `HCOMM_*` variable HComm does not read.
+fn unknown_var(name: &str) -> Option<String> {
+    if !name.starts_with("HCOMM_") || KNOWN_VARS.contains(&name) {
+        return None;
+    }
+    let nearest = KNOWN_VARS.iter().min_by_key(|k| edit_distance(name, k)).copied().unwrap_or("HCOMM_TIMEOUT");
+    Some(match edit_distance(name, nearest) {
+        // Close enough to be a slip of the keyboard.
+        d if d <= 3 => format!("{name} is not a variable HComm reads (did you mean {nearest}?); it is ignored"),
+        _ => format!("{name} is not a variable HComm reads; it is ignored"),
+    })
+}
+
+/// Levenshtein distance of two ASCII names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// A wait from a variable: seconds (fractions allowed), or never: `off`, `never`,
 /// `none` or `0`. Anything longer than [`hcomm_core::NEVER`] (about 34 years; `1e30`,
 /// `inf`) is never as well. `None` if unset; `Some(None)` for never.
@@ -254,6 +366,61 @@ pub fn micros_var(var: &str) -> Result<Option<Duration>> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn unknown_variables_are_named_with_the_nearest_known_one() {
+        // Spelt in two parts, so that the scan of the sources below does not take
+        // these for variables HComm reads.
+        let var = |rest: &str| format!("HCOMM_{rest}");
+        let m = unknown_var(&var("TIMOUT")).unwrap();
+        assert!(m.contains("did you mean HCOMM_TIMEOUT?"), "{m}");
+        let m = unknown_var(&var("TCP_SPIN")).unwrap();
+        assert!(m.contains("did you mean HCOMM_TCP_SPIN_US?"), "{m}");
+        let m = unknown_var(&var("SOMETHING_ELSE_ENTIRELY")).unwrap();
+        assert!(!m.contains("did you mean"), "{m}");
+        for k in KNOWN_VARS {
+            assert_eq!(unknown_var(k), None, "{k}");
+        }
+        assert_eq!(unknown_var("PATH"), None);
+    }
+
+    /// Every `"HCOMM_..."` name the sources (crates, examples, benches) spell out is
+    /// known, so that the warning never names a variable HComm reads.
+    #[test]
+    fn every_variable_the_sources_read_is_known() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = Vec::new();
+        for d in ["crates", "examples", "benches"] {
+            walk(&root.join(d), &mut files);
+        }
+        let mut seen = 0;
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (i, _) in text.match_indices("\"HCOMM_") {
+                let name: String = text[i + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                // A prefix that a format string completes (`HCOMM_COST_{name}_US`).
+                if name.ends_with('_') {
+                    continue;
+                }
+                seen += 1;
+                assert!(KNOWN_VARS.contains(&name.as_str()), "{name} (in {}) is missing from KNOWN_VARS", f.display());
+            }
+        }
+        assert!(seen > 50, "only {seen} names found: the walk missed the sources");
+    }
 
     #[test]
     fn waits_are_seconds_or_never_and_never_overflow() {

@@ -69,17 +69,36 @@ async fn read_msg<M: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> std::io::R
     serde_json::from_slice(&body).map_err(std::io::Error::other)
 }
 
+/// What [`StoreServer::on_conflict`] installs.
+type ConflictHook = Box<dyn Fn(&str) + Send + Sync>;
+
 #[derive(Default)]
 struct State {
     map: parking_lot::Mutex<HashMap<String, String>>,
     changed: Notify,
+    /// Set when a second process claimed a key (a rank) already registered: every
+    /// later request is refused with it, and `on_conflict` is told.
+    conflict: parking_lot::Mutex<Option<String>>,
+    on_conflict: std::sync::OnceLock<ConflictHook>,
+}
+
+impl State {
+    fn conflict(&self) -> Option<String> {
+        self.conflict.lock().clone()
+    }
 }
 
 /// A running store; dropping it stops the server.
-#[derive(Debug)]
 pub struct StoreServer {
     addr: SocketAddr,
     task: AbortHandle,
+    state: Arc<State>,
+}
+
+impl std::fmt::Debug for StoreServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreServer").field("addr", &self.addr).field("conflict", &self.state.conflict()).finish()
+    }
 }
 
 impl Drop for StoreServer {
@@ -100,7 +119,9 @@ impl StoreServer {
             .map_err(|e| boot(format!("rank 0 could not serve the rendezvous store on {bind}")).with_source(e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("store address", e))?;
         let state = Arc::new(State::default());
+        let served = state.clone();
         let task = tokio::spawn(async move {
+            let state = served;
             loop {
                 match listener.accept().await {
                     Ok((s, from)) => {
@@ -118,7 +139,19 @@ impl StoreServer {
                 }
             }
         });
-        Ok(StoreServer { addr, task: task.abort_handle() })
+        Ok(StoreServer { addr, task: task.abort_handle(), state })
+    }
+
+    /// Calls `tell` with the reason when a second process claims a registered key
+    /// (once; the first call to this wins). The job that served the store then knows
+    /// that a stranger may have joined it.
+    pub fn on_conflict(&self, tell: impl Fn(&str) + Send + Sync + 'static) {
+        let _ = self.state.on_conflict.set(Box::new(tell));
+    }
+
+    /// The conflict the store saw, if any (see [`StoreServer::on_conflict`]).
+    pub fn conflict(&self) -> Option<String> {
+        self.state.conflict()
     }
 
     /// The address the store listens on.
@@ -202,10 +235,36 @@ async fn serve(
         let resp = match req {
             Request::Hello { .. } | Request::Proof(_) => Response::Refused(String::from("second hello")),
             Request::Set { key, value } => {
-                state.map.lock().insert(key, value);
+                // The first registration holds for the life of the job. A second,
+                // different one is another process claiming the same rank: another
+                // launch with this job's id, secret and address.
+                let clash = match state.map.lock().entry(key.clone()) {
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(value);
+                        None
+                    }
+                    std::collections::hash_map::Entry::Occupied(o) => (o.get() != &value).then(|| {
+                        format!(
+                            "{key} was registered already by another process: two launches share this job's id, \
+                             secret and rendezvous address (give each launch its own HCOMM_JOB_ID)"
+                        )
+                    }),
+                };
                 state.changed.notify_waiters();
-                Response::Ok
+                match clash {
+                    None => Response::Ok,
+                    Some(why) => {
+                        let first = state.conflict.lock().get_or_insert_with(|| why.clone()).clone();
+                        if first == why
+                            && let Some(tell) = state.on_conflict.get()
+                        {
+                            tell(&why);
+                        }
+                        Response::Refused(why)
+                    }
+                }
             }
+            _ if state.conflict().is_some() => Response::Refused(state.conflict().unwrap_or_default()),
             Request::Get { keys, wait_ms } => {
                 // A client's wait, bounded so that no value it sends overflows the clock.
                 let deadline = Instant::now() + Duration::from_millis(wait_ms).min(hcomm_core::NEVER);
@@ -219,6 +278,9 @@ async fn serve(
                         let values: Vec<String> = keys.iter().filter_map(|k| map.get(k).cloned()).collect();
                         (values, missing)
                     };
+                    if let Some(why) = state.conflict() {
+                        break Response::Refused(why);
+                    }
                     if missing.is_empty() {
                         break Response::Values(values);
                     }
@@ -290,7 +352,13 @@ impl StoreClient {
                     };
                 }
                 Ok(Err(e)) => last = e.to_string(),
-                Err(_) => break,
+                Err(_) => {
+                    last = String::from(
+                        "a connection attempt got no answer at all until the deadline (a wrong address, or a \
+                         firewall that drops the packets)",
+                    );
+                    break;
+                }
             }
             tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
             delay = (delay * 2).min(Duration::from_millis(500));
@@ -313,13 +381,16 @@ impl StoreClient {
             .map_err(|e| boot(format!("lost the rendezvous store at {}", self.addr)).with_source(e))
     }
 
-    /// Stores `value` under `key`.
+    /// Stores `value` under `key`. The first value of a key holds for the life of
+    /// the store: setting it again to the same value is fine, to another is refused.
     ///
     /// # Errors
-    /// A bootstrap error if the store connection fails.
+    /// A bootstrap error if the store connection fails, or the store refuses (the key
+    /// has another value: another process registered this rank).
     pub async fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match self.call(&Request::Set { key: key.to_owned(), value: value.to_owned() }).await? {
             Response::Ok => Ok(()),
+            Response::Refused(why) => Err(boot(format!("the rendezvous store at {} refused: {why}", self.addr))),
             other => Err(boot(format!("unexpected store reply {other:?}"))),
         }
     }
@@ -328,7 +399,8 @@ impl StoreClient {
     /// the keys that were still missing when the wait ran out.
     ///
     /// # Errors
-    /// A bootstrap error if the store connection fails.
+    /// A bootstrap error if the store connection fails, or the store refuses: a
+    /// second process claimed a rank of this job.
     pub async fn get(
         &mut self,
         keys: &[String],
@@ -338,6 +410,7 @@ impl StoreClient {
         match self.call(&req).await? {
             Response::Values(v) => Ok(Ok(v)),
             Response::Missing(m) => Ok(Err(m)),
+            Response::Refused(why) => Err(boot(format!("the rendezvous store at {} refused: {why}", self.addr))),
             other => Err(boot(format!("unexpected store reply {other:?}"))),
         }
     }

@@ -118,6 +118,41 @@ async fn ranks_that_never_arrive_are_named() {
     }
 }
 
+/// A rank registers once per job: a second process claiming a registered rank (a
+/// second launch with the same job id, secret and address) is refused with an error
+/// naming the rank, the store's owner is told, and from then on the store refuses
+/// every rank that still waits, instead of pairing the two launches' ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_registers_once_and_a_second_claim_stops_the_bootstrap() {
+    let store = StoreServer::start("127.0.0.1:0".parse().unwrap(), key(), hash("twice"), 3).await.unwrap();
+    let told = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let t = told.clone();
+    store.on_conflict(move |why| t.lock().push(why.to_owned()));
+    let addr = store.addr().to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut first = StoreClient::connect(&addr, &key(), hash("twice"), 1, 3, deadline).await.unwrap();
+    first.set("rank/1", "launch A").await.unwrap();
+    // The same value again (a retry) is fine.
+    first.set("rank/1", "launch A").await.unwrap();
+    assert_eq!(store.conflict(), None);
+    let mut second = StoreClient::connect(&addr, &key(), hash("twice"), 1, 3, deadline).await.unwrap();
+    let e = second.set("rank/1", "launch B").await.unwrap_err();
+    assert!(e.to_string().contains("rank/1 was registered already by another process"), "{e}");
+    assert!(e.to_string().contains("give each launch its own HCOMM_JOB_ID"), "{e}");
+    assert_eq!(told.lock().len(), 1, "told once: {:?}", told.lock());
+    // A rank still bootstrapping is refused too, rather than left to pair up.
+    let mut waiting = StoreClient::connect(&addr, &key(), hash("twice"), 2, 3, deadline).await.unwrap();
+    let e = waiting.get(&[String::from("rank/0")], Duration::from_secs(5)).await.unwrap_err();
+    assert!(e.to_string().contains("registered already by another process"), "{e}");
+    // And ranks of the job that connect whole fail with it, naming the store.
+    let cs = configs(3, store.addr(), "twice");
+    let res = futures::future::join_all(cs.into_iter().map(Config::connect)).await;
+    for r in res {
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("refused"), "{e}");
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn rank_zero_serves_the_store_and_a_busy_port_is_a_clear_error() {
     // Rank 0 serving the store itself, with a second rank on the derived address.

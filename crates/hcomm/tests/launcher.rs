@@ -104,6 +104,9 @@ fn topo_prints_the_job_and_bad_variables_are_named() {
         let (ok, out) = topo(&waits);
         assert!(ok && out.contains("2 ranks on 1 hosts"), "waits of {value}: {out}");
     }
+    // A misspelt variable is named, with the one meant.
+    let (ok, out) = topo(&[(concat!("HCOMM_", "TIMOUT"), "5")]);
+    assert!(ok && out.contains("is not a variable HComm reads (did you mean HCOMM_TIMEOUT?)"), "{out}");
     let (ok, out) = topo(&[("HCOMM_TIMEOUT", "-3")]);
     assert!(!ok && out.contains("HCOMM_TIMEOUT=\"-3\" is not a number of seconds, nor `off`"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
