@@ -12,7 +12,7 @@ use bytes::Bytes;
 use hcomm_core::events;
 use hcomm_core::mailbox::{COMM_ABORT_SEQ, encode_abort};
 use hcomm_core::{
-    Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature,
+    Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature, Tag,
 };
 use hcomm_topology::Topology;
 
@@ -525,9 +525,11 @@ impl<T: LocalTransport> Group<T> {
     }
 
     /// Applies the group's deadline to a point-to-point operation: its errors (and the
-    /// timeout) name the operation and this rank, and the timeout `peer` too.
-    pub fn p2p_deadline<F>(&self, op: OpKind, peer: usize, fut: F) -> P2pDeadline<F> {
-        P2pDeadline { fut, timer: None, timeout: self.timeout, op, peer, me: self.me }
+    /// timeout) name the operation and this rank, and the timeout `peer` too. While it
+    /// waits it reports its stall as collectives do ([`Group::stall_warn`], unless
+    /// polled inside [`quiet`]).
+    pub fn p2p_deadline<F>(&self, op: OpKind, peer: usize, tag: Tag, fut: F) -> P2pDeadline<F> {
+        P2pDeadline { fut, timer: None, timeout: self.timeout, stall_warn: self.stall_warn, op, peer, tag, me: self.me }
     }
 }
 
@@ -553,6 +555,49 @@ pub fn abort_comm<T: LocalTransport + ?Sized>(
     mailbox.comm_aborted(comm).unwrap_or(err)
 }
 
+thread_local! {
+    /// Whether this thread is polling inside [`quiet`].
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+pin_project_lite::pin_project! {
+    /// The future [`quiet`] returns.
+    #[derive(Debug)]
+    pub struct Quiet<F> {
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Quiet<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                QUIET.with(|q| q.set(self.0));
+            }
+        }
+        let _restore = Restore(QUIET.with(|q| q.replace(true)));
+        self.project().fut.poll(cx)
+    }
+}
+
+/// Runs `fut` (an operation, or a future that awaits several) without stall reports:
+/// for a wait that is idle by design, such as a service's receive of its next
+/// command. Deadlines still apply (set them per communicator, `None` for never).
+/// The operations started in `fut` take this from their first wait.
+pub fn quiet<F: Future>(fut: F) -> Quiet<F> {
+    Quiet { fut }
+}
+
+/// The stall threshold of an operation that starts waiting now: `configured`, unless
+/// polled inside [`quiet`].
+fn stall_warn_now(configured: Option<Duration>) -> Option<Duration> {
+    if QUIET.with(std::cell::Cell::get) { None } else { configured }
+}
+
 pin_project_lite::pin_project! {
     /// The future [`Group::p2p_deadline`] returns. A named type of a few words around
     /// the operation's own future (no `async` block: those kept the operation's
@@ -563,11 +608,37 @@ pin_project_lite::pin_project! {
     pub struct P2pDeadline<F> {
         #[pin]
         fut: F,
-        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        timer: Option<Pin<Box<P2pTimer>>>,
         timeout: Duration,
+        stall_warn: Option<Duration>,
         op: OpKind,
         peer: usize,
+        tag: Tag,
         me: usize,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The timer of a waiting point-to-point operation: the next stall report, or the
+    /// deadline.
+    #[derive(Debug)]
+    struct P2pTimer {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        start: Instant,
+        // The wait after which the next stall report is due; `None`: no more reports.
+        warn_after: Option<Duration>,
+    }
+}
+
+impl P2pTimer {
+    /// When the timer fires next, and whether that is a stall report.
+    fn next(start: Instant, warn_after: Option<Duration>, timeout: Duration) -> (Instant, bool) {
+        let deadline = start + timeout;
+        match warn_after.map(|d| start + d).filter(|&t| t < deadline) {
+            Some(t) => (t, true),
+            None => (deadline, false),
+        }
     }
 }
 
@@ -582,16 +653,48 @@ impl<F: Future<Output = Result<R>>, R> Future for P2pDeadline<F> {
             return Poll::Ready(r.map_err(|e| e.in_op(op, None).at_rank(me)));
         }
         let timeout = *this.timeout;
-        let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                Poll::Ready(Err(Error::new(ErrorKind::Timeout, format!("no matching message within {timeout:?}"))
-                    .with_peer(*this.peer)
-                    .in_op(op, None)
-                    .at_rank(me)))
+        let timer = this.timer.get_or_insert_with(|| {
+            let start = Instant::now();
+            let warn_after = stall_warn_now(*this.stall_warn);
+            let (at, _) = P2pTimer::next(start, warn_after, timeout);
+            Box::pin(P2pTimer { sleep: tokio::time::sleep_until(at), start, warn_after })
+        });
+        loop {
+            let mut t = timer.as_mut().project();
+            if t.sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
             }
-            Poll::Pending => Poll::Pending,
+            let (_, warning) = P2pTimer::next(*t.start, *t.warn_after, timeout);
+            if !warning {
+                return Poll::Ready(Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("no matching message within {timeout:?}"),
+                )
+                .with_peer(*this.peer)
+                .in_op(op, None)
+                .at_rank(me)));
+            }
+            report_p2p_stall(me, op, *this.peer, *this.tag, t.start.elapsed());
+            *t.warn_after = t.warn_after.map(|d| d.saturating_mul(2));
+            let (at, _) = P2pTimer::next(*t.start, *t.warn_after, timeout);
+            t.sleep.as_mut().reset(at);
         }
+    }
+}
+
+/// Logs that a point-to-point operation still waits, as [`OpCtx`]'s stall report
+/// does for collectives: a `tracing` warning (target `hcomm::stall`), or a line on
+/// standard error when no subscriber is installed.
+fn report_p2p_stall(me: usize, op: OpKind, peer: usize, tag: Tag, waited: Duration) {
+    let waited = waited.as_secs_f64();
+    let (dir, what) = match op {
+        OpKind::Send => ("to", "the transport has not taken the message yet"),
+        _ => ("from", "no matching message has arrived"),
+    };
+    if tracing::dispatcher::has_been_set() {
+        tracing::warn!(target: "hcomm::stall", rank = me, %op, peer, tag, waited_s = waited, "rank {me}: {op} {dir} rank {peer} (tag {tag}) stalled for {waited:.1} s: {what}");
+    } else {
+        eprintln!("hcomm: rank {me}: {op} {dir} rank {peer} (tag {tag}) stalled for {waited:.1} s: {what}");
     }
 }
 
@@ -890,7 +993,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         // root about 3% of its time per operation. It is armed for the next stall
         // report (`warning`) or else for the deadline.
         let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
-        let mut warn_after = self.g.stall_warn;
+        let mut warn_after = stall_warn_now(self.g.stall_warn);
         let mut warning = false;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = body.as_mut().poll(cx) {

@@ -715,7 +715,7 @@ impl<T: LocalTransport> Communicator<T> {
         let queued = aborted.and_then(|()| self.check_peer(dst, OpKind::Send)).map(|world| {
             events::message(me as u32, world as u32, OpKind::Send, true, len as u64, Duration::ZERO);
             let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, len);
-            (world, self.group.p2p_deadline(OpKind::Send, dst, start(world, h)))
+            (world, self.group.p2p_deadline(OpKind::Send, dst, tag, start(world, h)))
         });
         let (world, op, err) = match queued {
             Ok((world, op)) => (world, Some(op), None),
@@ -755,7 +755,7 @@ impl<T: LocalTransport> Communicator<T> {
         let start_time = events::Stopwatch::start();
         let posted = self.check_peer(src, OpKind::Recv).map(|world| {
             let key = MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag };
-            (world, self.group.p2p_deadline(OpKind::Recv, src, start(key)))
+            (world, self.group.p2p_deadline(OpKind::Recv, src, tag, start(key)))
         });
         let (world, op, err) = match posted {
             Ok((world, op)) => (world, Some(op), None),

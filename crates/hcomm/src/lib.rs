@@ -57,8 +57,8 @@ pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, local_plac
 pub use bytes::Bytes;
 pub use comm::{Communicator, RESERVED_TAGS};
 pub use hcomm_collectives::{
-    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, ArgCheck, BcastAlgo, CostModel, Crowded, Measured, ReduceScatterAlgo,
-    Tuning,
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, ArgCheck, BcastAlgo, CostModel, Crowded, Measured, Quiet,
+    ReduceScatterAlgo, Tuning, quiet,
 };
 pub use hcomm_core::{
     DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,

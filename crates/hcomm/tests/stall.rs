@@ -112,3 +112,47 @@ fn the_longest_waits_are_never_and_do_not_overflow() {
         assert_eq!(comms[0].timeout(), Some(Duration::from_secs(7)));
     });
 }
+
+/// A point-to-point receive that waits reports its stall as collectives do (at the
+/// threshold, then at twice, four times that), naming the peer and the tag; inside
+/// `hcomm::quiet` (a service waiting for its next command) it reports nothing, and
+/// its deadline still holds.
+#[test]
+fn a_waiting_receive_reports_its_stall_unless_quiet() {
+    let out = Captured::default();
+    let w = out.clone();
+    let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
+    let _guard = tracing::subscriber::set_default(sub);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut comms = hcomm::local(2);
+        for c in &mut comms {
+            c.set_stall_warn(Some(Duration::from_millis(100)));
+        }
+        // Rank 1 sends after 450 ms: rank 0's receive reports at 100, 200 and 400 ms.
+        let (got, sent) = tokio::join!(comms[0].recv::<u32>(1, 9), async {
+            tokio::time::sleep(Duration::from_millis(450)).await;
+            comms[1].send(0, 9, &[7u32]).await
+        });
+        sent.unwrap();
+        assert_eq!(got.unwrap(), vec![7]);
+        // The same wait, quiet.
+        let (got, sent) = tokio::join!(hcomm::quiet(comms[0].recv::<u32>(1, 10)), async {
+            tokio::time::sleep(Duration::from_millis(450)).await;
+            comms[1].send(0, 10, &[8u32]).await
+        });
+        sent.unwrap();
+        assert_eq!(got.unwrap(), vec![8]);
+        // Quiet is not endless: the deadline still ends a receive that never matches.
+        comms[0].set_timeout(Duration::from_millis(300));
+        let e = hcomm::quiet(comms[0].recv::<u32>(1, 11)).await.unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+    });
+    let log = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let reports: Vec<&str> = log.lines().filter(|l| l.contains("stalled")).collect();
+    assert_eq!(reports.len(), 3, "{log}");
+    for r in &reports {
+        assert!(r.contains("rank 0: recv from rank 1 (tag 9) stalled for"), "{r}");
+        assert!(r.contains("no matching message has arrived"), "{r}");
+    }
+}
