@@ -318,6 +318,13 @@ pub trait PollLink: Send + Sync {
     /// The spin that called [`PollLink::hold`] ended.
     fn release(&self) {}
 
+    /// Whether a spinning receive may go on polling after a poll that brought it
+    /// nothing (a link can tell when nothing the receive may read can come before
+    /// some other task has run). Asked after every poll of a spin.
+    fn spin_more(&self) -> bool {
+        true
+    }
+
     /// As [`PollLink::poll`], in the first poll of a receive that offered no landing
     /// (a link may read more eagerly there, once per receive, than in later polls).
     fn poll_first(&self) -> bool {
@@ -572,8 +579,12 @@ fn poll_link(
     }
     let _held = Held::new(&*link);
     // One `pause` per try (it lets the line the peer writes move without a pipeline
-    // flush); the clock and the queued work only every 64 tries (a reply that comes
-    // sooner reads neither).
+    // flush); the clock and the queued work only every 64 tries while the link's
+    // polls are cheap (a ring's), so that a reply that comes sooner reads neither,
+    // and every try once a poll took a while (a system call, or a read of a large
+    // message's bytes).
+    let mut batch = 64;
+    let mut since = Instant::now();
     for tries in 1u32.. {
         if p.yield_os {
             std::thread::yield_now();
@@ -586,17 +597,29 @@ fn poll_link(
         if let Some(r) = check(rx) {
             return Polled::Done(r);
         }
-        if tries % 64 == 0 {
-            if Instant::now() >= end {
+        if !link.spin_more() {
+            return Polled::Wait;
+        }
+        if tries % batch == 0 {
+            let now = Instant::now();
+            if now >= end {
                 return Polled::Wait;
             }
             if (p.busy)() {
                 return Polled::Yield;
             }
+            if now - since > CHEAP_POLLS {
+                batch = 1;
+            }
+            since = now;
         }
     }
     unreachable!("the loop returns")
 }
+
+/// What 64 polls of a link may take for the spin to keep reading the clock only once
+/// per 64 polls: a ring's polls take nanoseconds; a socket's, a system call each.
+const CHEAP_POLLS: Duration = Duration::from_micros(2);
 
 /// A link held by a spinning receive ([`PollLink::hold`]) until dropped.
 struct Held<'a>(&'a dyn PollLink);

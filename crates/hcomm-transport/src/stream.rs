@@ -1894,6 +1894,9 @@ pub(crate) struct TcpInbox {
     /// Whether large messages land in their receive's buffer
     /// ([`StreamOptions::tcp_land`]); if not, receives never read the socket.
     land: bool,
+    /// Whether the last drain by a receive stopped at another message's body, which
+    /// only its own receive or the reader task reads.
+    blocked: AtomicBool,
 }
 
 impl std::fmt::Debug for TcpInbox {
@@ -1920,7 +1923,17 @@ impl TcpInbox {
         );
         let owner_spin = opts.tcp_spin.min(OWNER_SPIN);
         let crowded = opts.spin_yield;
-        TcpInbox { sock, peer, links, asm, ended: AtomicBool::new(false), owner_spin, crowded, land }
+        TcpInbox {
+            sock,
+            peer,
+            links,
+            asm,
+            ended: AtomicBool::new(false),
+            owner_spin,
+            crowded,
+            land,
+            blocked: AtomicBool::new(false),
+        }
     }
 
     /// Reads what the socket holds (without waiting) and delivers the whole messages,
@@ -1935,6 +1948,7 @@ impl TcpInbox {
             return Drained::Ended;
         }
         let Some(mut asm) = self.asm.try_lock() else { return Drained::Nothing };
+        self.blocked.store(false, Ordering::Relaxed);
         let mut reads = 0;
         let mut turn = false;
         for _ in 0..max_reads {
@@ -1953,8 +1967,10 @@ impl TcpInbox {
                     // Spin only while this rank has nothing queued for the peer: on a
                     // current-thread runtime the spin holds off the writer task, and a
                     // peer waiting for our data would wait out the spin.
+                    // Nor while the receive spins around this call already
+                    // (`PollLink::hold`), which then checks its own clock.
                     let idle = self.links.unwritten[self.peer].load(Ordering::Relaxed) == 0;
-                    let spin = if idle { self.owner_spin } else { Duration::ZERO };
+                    let spin = if idle && !self.sock.is_held() { self.owner_spin } else { Duration::ZERO };
                     let dst = &mut dst[at..at + len];
                     let r = recv_spinning(&self.sock, dst, spin);
                     if let Ok(n @ 1..) = r {
@@ -1970,7 +1986,12 @@ impl TcpInbox {
                 // reader task's work, and a window of receives joined in one task,
                 // each reading on the others' behalf in its first poll, held that task
                 // for up to a gigabyte of reads.
-                _ if is_owner && asm.in_body() => break,
+                _ if is_owner && asm.in_body() => {
+                    // Nothing this receive can read until that message is read: no
+                    // point in spinning for it (see `PollLink::spin_more`).
+                    self.blocked.store(true, Ordering::Relaxed);
+                    break;
+                }
                 _ => {
                     // Another receive's message: its bytes are worth a short wait for
                     // it to read them itself (into its buffer, one copy less), if it
@@ -2068,6 +2089,13 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
 
     fn release(&self) {
         self.sock.release();
+    }
+
+    /// Not while the next bytes are another message's body: this receive cannot read
+    /// them, and spinning would only hold the thread the reader task (or that
+    /// message's receive) needs.
+    fn spin_more(&self) -> bool {
+        !self.blocked.load(Ordering::Relaxed)
     }
 
     fn poll_first(&self) -> bool {

@@ -107,6 +107,11 @@ impl TcpSock {
         }
     }
 
+    /// Whether a receive polls the socket in a spin right now ([`TcpSock::hold`]).
+    pub(crate) fn is_held(&self) -> bool {
+        self.arm.lock().holders > 0
+    }
+
     /// The receive that called [`TcpSock::hold`] stopped polling the socket.
     pub(crate) fn release(&self) {
         let mut arm = self.arm.lock();
