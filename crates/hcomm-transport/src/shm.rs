@@ -1243,6 +1243,20 @@ impl ShmOut {
         false
     }
 
+    /// Writes `frame` (a whole control frame without payload: a heartbeat) into the
+    /// ring if nothing is queued before it and it fits, from any thread (the liveness
+    /// beacon); `false` if it did not.
+    pub(crate) fn try_beat(&self, frame: &[u8]) -> bool {
+        let busy = self.busy.lock();
+        if *busy != 0 || self.ring.room(frame.len()) < frame.len() {
+            return false;
+        }
+        self.ring.push_parts(&[frame]);
+        drop(busy);
+        self.published();
+        true
+    }
+
     /// Whether a data message of `len` bytes would be lent.
     pub(crate) fn lends(&self, len: usize) -> bool {
         self.lend_min > 0 && len >= self.lend_min

@@ -48,11 +48,13 @@ pub struct StreamOptions {
     /// and the check off (a dead process is still noticed at once, by its closed
     /// sockets; a hung process or a cut path then only by operation deadlines).
     ///
-    /// The peer's heartbeats are sent by a task on its executor: a rank that blocks
-    /// every thread of its executor for longer than this (a long computation on a
-    /// current-thread runtime, say) looks dead to its peers. Set it above the longest
-    /// such pause. This rank's own pauses are harmless: the check skips a round in
-    /// which it was itself late.
+    /// Heartbeats to plain TCP and shared-memory peers come from a small thread of
+    /// the process as well as from the writer tasks (see `start_beacon`), so a rank
+    /// whose executor is busy computing still beats. Over io_uring, TLS or several
+    /// connections per peer they come from the writer tasks only: there a rank that
+    /// blocks every thread of its executor for longer than this looks dead to its
+    /// peers. This rank's own pauses are harmless: the check skips a round in which
+    /// it was itself late.
     pub peer_timeout: Option<Duration>,
     /// Shared-memory links (see [`crate::shm`]): ring size, spin before parking.
     pub shm: ShmOptions,
@@ -498,8 +500,9 @@ where
                     let err = Error::new(
                         ErrorKind::PeerFailed,
                         format!(
-                            "nothing from rank {peer} for {} ms (peer timeout {} ms): its process hangs or its host \
-                             or network path is down",
+                            "nothing from rank {peer}, not even a heartbeat, for {} ms (peer timeout {} ms): its \
+                             process is stopped or hangs, or its host or network path is down (a rank that is only \
+                             busy computing still beats)",
                             silent.as_millis(),
                             timeout.as_millis()
                         ),
@@ -519,6 +522,74 @@ where
                 links.drop_peer(peer);
             }
         }
+    }
+}
+
+/// A peer's connection as the liveness beacon reaches it ([`start_beacon`]).
+enum Beat {
+    Tcp(std::sync::Weak<TcpInbox>),
+    Shm(std::sync::Weak<crate::shm::ShmOut>),
+}
+
+/// Starts this process's liveness beacon for the peers in `beats`: an OS thread that
+/// only writes a heartbeat frame to each of them every quarter of `timeout`, when
+/// nothing is being written to it, so that peers hear from this rank even while its
+/// executor is busy (a long computation on a current-thread runtime). It moves no
+/// data and drives nothing, so it is no progress thread; a stopped process (SIGSTOP)
+/// stops it too, and is still failed by its peers after `timeout`. Ends when the
+/// transport goes away or closes. Connections over io_uring, TLS or several links
+/// per peer get their heartbeats from their writer tasks only.
+fn start_beacon(links: std::sync::Weak<Links>, rank: Rank, beats: Vec<(Rank, Beat)>, timeout: Duration) {
+    if beats.is_empty() {
+        return;
+    }
+    let every = (timeout.min(hcomm_core::NEVER) / 4).max(Duration::from_millis(1));
+    let spawned = std::thread::Builder::new().name(format!("hcomm-beacon-{rank}")).spawn(move || {
+        let mut frame = Header::control(FrameKind::Heartbeat, OpKind::Bootstrap, rank, 0, 0, 0);
+        make_whole(&mut frame, 0);
+        let frame = frame.encode();
+        loop {
+            std::thread::sleep(every);
+            let Some(links) = links.upgrade() else { return };
+            if links.readers_stopped.load(Ordering::Acquire) {
+                return;
+            }
+            for (peer, beat) in &beats {
+                match beat {
+                    Beat::Tcp(inbox) => {
+                        if let Some(inbox) = inbox.upgrade() {
+                            beat_tcp(&links, &inbox, *peer, &frame);
+                        }
+                    }
+                    Beat::Shm(out) => {
+                        if let Some(out) = out.upgrade() {
+                            out.try_beat(&frame);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(rank, error = %e, "no liveness beacon: heartbeats come from the writer tasks only");
+    }
+}
+
+/// Writes heartbeat `frame` to a plain TCP peer if nothing is being written to it
+/// (the same rule as direct writes: under the wire lock, with the writer idle).
+fn beat_tcp(links: &Links, inbox: &TcpInbox, peer: Rank, frame: &[u8]) {
+    let Some(_wire) = links.wire[peer].try_lock() else { return };
+    if links.unwritten[peer].load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    match inbox.sock.try_write_vectored(&[std::io::IoSlice::new(frame)]) {
+        Ok(n) if n == frame.len() => {}
+        // The socket is full (the peer reads nothing) or broken: the watchdogs and
+        // the writer task deal with that.
+        Ok(0) | Err(_) => {}
+        // A few bytes of a frame and no room for the rest: the stream cannot go on
+        // (the kernel takes small writes whole unless its buffer is full to the byte).
+        Ok(_) => inbox.sock.shutdown_both(),
     }
 }
 
@@ -737,6 +808,7 @@ impl StreamTransport {
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         let mut inboxes = vec![None; links.len()];
         let mut polled: Vec<Option<std::sync::Weak<dyn hcomm_core::mailbox::PollLink>>> = vec![None; links.len()];
+        let mut beats = Vec::new();
         for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
             let tasks = match link {
@@ -758,6 +830,7 @@ impl StreamTransport {
                         t.tcp_eager_max = opts.tcp_eager.min(opts.tcp_direct);
                     }
                     polled[peer] = Some(Arc::downgrade(&inbox) as std::sync::Weak<dyn hcomm_core::mailbox::PollLink>);
+                    beats.push((peer, Beat::Tcp(Arc::downgrade(&inbox))));
                     let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin, opts.spin_yield));
                     let wr = tokio_io::TcpWrite(sock);
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
@@ -783,6 +856,7 @@ impl StreamTransport {
                 PeerLink::Tls(s) => t.spawn_tls(peer, *s, rx, opts.fragment, heartbeat),
                 PeerLink::Shm(pair, s) => {
                     let sp = t.shm_link(peer, pair, s, opts, &mut inboxes);
+                    beats.push((peer, Beat::Shm(Arc::downgrade(&sp.out))));
                     let r = tokio::spawn(crate::shm::read_task(sp.inbox, opts.shm.spin));
                     let w = tokio::spawn(write_loop(sp.writer, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     let b = tokio::spawn(sp.doorbell);
@@ -794,6 +868,7 @@ impl StreamTransport {
         t.poll_links(inboxes, polled, opts);
         if let Some(timeout) = opts.peer_timeout {
             tokio::spawn(watchdog(t.shared.clone(), rank, timeout, || async {}));
+            start_beacon(Arc::downgrade(&t.shared), rank, beats, timeout);
         }
         t
     }

@@ -209,6 +209,11 @@ impl TcpSock {
         Ok(())
     }
 
+    /// Shuts both directions down: the connection is of no more use.
+    pub(crate) fn shutdown_both(&self) {
+        let _ = self.stream.get_ref().shutdown(std::net::Shutdown::Both);
+    }
+
     /// Shuts the sending direction down (the peer reads its end after what was
     /// written).
     pub(crate) fn shutdown_write(&self) {
