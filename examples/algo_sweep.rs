@@ -27,7 +27,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use common::{fail, launch_self, parse_size, rank_runtime};
+use common::{fail, launch_self, parse_size};
 use hcomm::{
     AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, BcastAlgo, Communicator, LocalTransport, ReduceOp, ReduceScatterAlgo,
     TuneOptions,
@@ -444,7 +444,7 @@ fn main() {
         fail(format!("unknown --op {:?}", a.op));
     }
     match (a.transport.as_str(), hcomm::env::LaunchEnv::launched()) {
-        ("mem", _) => rank_runtime().block_on(async {
+        ("mem", _) => tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e)).block_on(async {
             let mut comms = hcomm::local(a.ranks);
             let how = futures::future::join_all(comms.iter_mut().map(|c| prepare(c, &a))).await;
             let how = format!("tasks in one process; {}", how[0].clone().unwrap_or_else(|e| fail(e)));
@@ -452,7 +452,7 @@ fn main() {
                 r.unwrap_or_else(|e| fail(e));
             }
         }),
-        ("tcp", true) => rank_runtime().block_on(async {
+        ("tcp", true) => tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e)).block_on(async {
             let mut comm = hcomm::init().await.unwrap_or_else(|e| fail(e));
             let how = prepare(&mut comm, &a).await.unwrap_or_else(|e| fail(e));
             sweep(&comm, &a, &format!("processes; {how}")).await.unwrap_or_else(|e| fail(e));

@@ -22,7 +22,7 @@
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use common::{fail, launch_self, rank_runtime};
+use common::{fail, launch_self};
 use hcomm::{Communicator, Grid, Level, LocalTransport};
 
 mod common;
@@ -296,7 +296,7 @@ async fn run<T: LocalTransport>(world: &Communicator<T>, args: &Args) -> Result<
 }
 
 fn as_rank(args: &Args) {
-    rank_runtime().block_on(async {
+    tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e)).block_on(async {
         let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
         if args.transport == Kind::Tcp {
             cfg.shm = false;
@@ -322,7 +322,7 @@ fn main() {
         fail(format!("--grid {} has {} positions for --ranks {}", args.grid, dims[0] * dims[1], args.ranks));
     }
     match args.transport {
-        Kind::Mem => rank_runtime().block_on(async {
+        Kind::Mem => tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e)).block_on(async {
             let comms = hcomm::local(args.ranks);
             let results = futures::future::join_all(comms.iter().map(|c| run(c, &args))).await;
             for r in results {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use common::{fail, launch_self, parse_size, rank_runtime};
+use common::{fail, launch_self, parse_size};
 use hcomm::{Communicator, ReduceOp};
 
 mod common;
@@ -133,7 +133,7 @@ fn median(mut v: Vec<Duration>) -> f64 {
 }
 
 fn as_rank(a: &Args) {
-    rank_runtime().block_on(async {
+    tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e)).block_on(async {
         let comm = Arc::new(hcomm::init().await.unwrap_or_else(|e| fail(e)));
         step(&comm, a).await.unwrap_or_else(|e| fail(e));
         let steps: Vec<Step> = {

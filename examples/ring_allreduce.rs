@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use common::{fail, launch_self, parse_size, rank_runtime};
+use common::{fail, launch_self, parse_size};
 use hcomm::{AllreduceAlgo, Communicator, LocalTransport, ReduceOp};
 use tracing_subscriber::prelude::*;
 
@@ -131,7 +131,7 @@ fn as_rank(args: &Args) {
         comm.finalize().await.unwrap_or_else(|e| fail(e));
     };
     match args.transport {
-        Kind::Tcp | Kind::Shm => rank_runtime().block_on(async {
+        Kind::Tcp | Kind::Shm => tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e)).block_on(async {
             let mut cfg = hcomm::Config::from_env().unwrap_or_else(|e| fail(e));
             cfg.shm = args.transport == Kind::Shm;
             run(cfg.connect().await.unwrap_or_else(|e| fail(e))).await
@@ -169,7 +169,7 @@ fn main() {
     }
     match args.transport {
         Kind::Mem => {
-            rank_runtime().block_on(async {
+            tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e)).block_on(async {
                 let comms = hcomm::local(args.ranks);
                 let results = futures::future::join_all(comms.iter().map(|c| rank_main(c, &args))).await;
                 let mut all = Vec::new();

@@ -37,9 +37,3 @@ pub fn launch_self(ranks: usize) -> ! {
     let out = rt.block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
     std::process::exit(out.code);
 }
-
-/// A current-thread runtime: each rank's collectives and its transport's tasks share
-/// one thread, so they never wake each other across cores.
-pub fn rank_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e))
-}
