@@ -8,7 +8,7 @@
 //! | OpenMPI `mpirun` | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_MCA_ess_base_jobid`, `PMIX_NAMESPACE` | see below |
 //! | Slurm `srun` | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_JOB_ID`.`SLURM_STEP_ID` | see below |
 //! | PMI (MPICH Hydra) | `PMI_RANK` | `PMI_SIZE` | `PMI_JOBID` | see below |
-//! | torchrun | `RANK` | `WORLD_SIZE` | `TORCHELASTIC_RUN_ID` | `MASTER_ADDR`:`MASTER_PORT` |
+//! | torchrun | `RANK` | `WORLD_SIZE` | `TORCHELASTIC_RUN_ID`.`TORCHELASTIC_RESTART_COUNT` | `MASTER_ADDR`:`MASTER_PORT` |
 //!
 //! The rendezvous address (where rank 0 serves the store) is `HCOMM_ADDR` if set, else
 //! `MASTER_ADDR`:`MASTER_PORT` if set. Failing both, when the launcher says every rank
@@ -90,7 +90,10 @@ const LAUNCHERS: &[Launcher] = &[
         rank: "RANK",
         size: "WORLD_SIZE",
         local_rank: "LOCAL_RANK",
-        job: &["TORCHELASTIC_RUN_ID"],
+        // The restart count too: a restarted group (a new set of worker processes
+        // at the same address) is another launch, whose ranks must not meet the
+        // old one's.
+        job: &["TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"],
         single_host: None,
     },
 ];
@@ -476,6 +479,21 @@ mod tests {
     fn torchrun_and_slurm() {
         let t = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "node1"), ("MASTER_PORT", "29500")]).unwrap();
         assert_eq!((t.addr.as_str(), t.launcher), ("node1:29500", "torchrun"));
+        // Each restart of a torchrun group is a launch of its own.
+        let restart = |n: &str| {
+            env(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "node1"),
+                ("MASTER_PORT", "29500"),
+                ("TORCHELASTIC_RUN_ID", "train"),
+                ("TORCHELASTIC_RESTART_COUNT", n),
+            ])
+            .unwrap()
+            .job_id
+        };
+        assert_eq!(restart("0"), "train.0");
+        assert_ne!(restart("0"), restart("1"));
         let s = env(&[
             ("SLURM_PROCID", "3"),
             ("SLURM_NTASKS", "8"),

@@ -34,7 +34,9 @@ pub struct Outcome {
     /// Exit code to return: 0 if every rank succeeded, else the first failed rank's
     /// code (128 + signal number for a signal).
     pub code: i32,
-    /// The first rank that failed, if any.
+    /// The rank to blame, if any: the first that failed, or, if a rank had exited
+    /// successfully while the others still ran before that, that rank (most likely
+    /// it returned without `finalize()` and cut its peers off).
     pub failed_rank: Option<usize>,
 }
 
@@ -221,6 +223,9 @@ pub async fn run(l: Launch) -> Result<Outcome> {
     let mut outcome = Outcome { code: 0, failed_rank: None };
     let mut signals = Signals::new()?;
     let mut signalled = false;
+    // The first rank that exited successfully while others still ran: if another
+    // then fails, that rank most likely left without `finalize()` and is the cause.
+    let mut left: Option<usize> = None;
     while !waits.is_empty() {
         tokio::select! {
             Some(done) = waits.next() => {
@@ -230,11 +235,26 @@ pub async fn run(l: Launch) -> Result<Outcome> {
                     Ok(s) => Some(code_of(s)),
                     Err(_) => Some(1),
                 };
+                if failed.is_none() && left.is_none() && !waits.is_empty() && !*kill_tx.borrow() {
+                    left = Some(r);
+                }
                 if let (Some(code), None) = (failed, outcome.failed_rank) {
                     if !*kill_tx.borrow() {
                         let how = st.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                        eprintln!("hcomm run: rank {r} failed ({how}); stopping the other ranks");
-                        outcome = Outcome { code, failed_rank: Some(r) };
+                        match left {
+                            Some(first) => {
+                                eprintln!(
+                                    "hcomm run: rank {r} failed ({how}) after rank {first} had exited with success \
+                                     while the others ran: rank {first} most likely returned without finalize(), \
+                                     cutting its peers off; stopping the other ranks"
+                                );
+                                outcome = Outcome { code, failed_rank: Some(first) };
+                            }
+                            None => {
+                                eprintln!("hcomm run: rank {r} failed ({how}); stopping the other ranks");
+                                outcome = Outcome { code, failed_rank: Some(r) };
+                            }
+                        }
                         let _ = kill_tx.send(true);
                     }
                 }

@@ -44,6 +44,29 @@ fn a_failing_rank_stops_the_others_and_sets_the_exit_code() {
     assert!(stderr.contains("rank 1 failed"), "{stderr}");
 }
 
+/// A rank that exits with success while the others run (a program that returns
+/// without `finalize()`), after which another fails: the launcher names the one that
+/// left first as the likely cause, not only the one that failed.
+#[test]
+fn a_rank_that_left_early_is_named_when_another_then_fails() {
+    let out = hcomm()
+        .args([
+            "run",
+            "-n",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "if [ $HCOMM_RANK = 2 ]; then exit 0; fi; sleep 0.5; if [ $HCOMM_RANK = 1 ]; then exit 4; fi; sleep 60",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("rank 1 failed (exit status: 4) after rank 2 had exited with success"), "{stderr}");
+    assert!(stderr.contains("rank 2 most likely returned without finalize()"), "{stderr}");
+}
+
 #[test]
 fn bad_invocations_are_clear() {
     let out = hcomm().args(["run", "-n", "0", "--", "true"]).output().unwrap();
