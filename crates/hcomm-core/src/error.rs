@@ -74,6 +74,7 @@ struct Inner {
     message: String,
     rank: Option<Rank>,
     peer: Option<Rank>,
+    origin: Option<Rank>,
     op: Option<OpKind>,
     seq: Option<u64>,
     source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
@@ -94,6 +95,7 @@ impl Error {
             message: message.into(),
             rank: None,
             peer: None,
+            origin: None,
             op: None,
             seq: None,
             source: None,
@@ -157,6 +159,14 @@ impl Error {
         self
     }
 
+    /// Sets the rank where the failure began, unless one is already set: a failure
+    /// that travels from rank to rank (one rank fails, its neighbour gives up and
+    /// closes, the next one sees that close) keeps naming the first.
+    pub fn with_origin(mut self, origin: Rank) -> Error {
+        self.0.origin.get_or_insert(origin);
+        self
+    }
+
     /// Sets the operation and its sequence number, unless already set.
     pub fn in_op(mut self, op: OpKind, seq: Option<u64>) -> Error {
         if self.0.op.is_none() {
@@ -184,6 +194,14 @@ impl Error {
     /// The peer involved (the failed rank, the rank that aborted), when known.
     pub fn peer(&self) -> Option<Rank> {
         self.0.peer
+    }
+
+    /// The rank where the failure began, when this error is a consequence of a
+    /// failure elsewhere: a dead, hung or aborting rank, possibly reported through
+    /// other ranks that gave up because of it. `None` for errors that began here
+    /// (a bad argument, a local timeout) or whose origin is unknown.
+    pub fn origin(&self) -> Option<Rank> {
+        self.0.origin
     }
 
     /// The operation the error belongs to, when known.
@@ -233,8 +251,13 @@ impl fmt::Display for Error {
             f.write_str(": ")?;
         }
         write!(f, "{}: {}", i.kind.describe(), i.message)?;
-        if let Some(peer) = i.peer {
-            write!(f, " (peer rank {peer})")?;
+        match (i.peer, i.origin) {
+            (Some(peer), Some(origin)) if origin != peer => {
+                write!(f, " (peer rank {peer}; it began at rank {origin})")?
+            }
+            (Some(peer), _) => write!(f, " (peer rank {peer})")?,
+            (None, Some(origin)) if Some(origin) != i.rank => write!(f, " (it began at rank {origin})")?,
+            (None, _) => {}
         }
         if let Some(src) = &i.source {
             write!(f, ": {src}")?;
@@ -256,6 +279,7 @@ impl fmt::Debug for Error {
             .field("message", &i.message)
             .field("rank", &i.rank)
             .field("peer", &i.peer)
+            .field("origin", &i.origin)
             .field("op", &i.op)
             .field("seq", &i.seq)
             .field("source", &i.source.as_ref().map(|s| s.to_string()))
@@ -285,6 +309,20 @@ mod tests {
         let e = e.at_rank(9).in_op(OpKind::Barrier, Some(1));
         assert_eq!(e.rank(), Some(3));
         assert_eq!(e.op(), Some(OpKind::AllReduce));
+    }
+
+    #[test]
+    fn display_names_the_origin_of_a_knock_on_failure() {
+        let e =
+            Error::new(ErrorKind::PeerFailed, "rank 2 closed its communicator").with_peer(2).with_origin(3).at_rank(1);
+        assert_eq!(e.origin(), Some(3));
+        assert_eq!(
+            e.to_string(),
+            "rank 1: peer failed: rank 2 closed its communicator (peer rank 2; it began at rank 3)"
+        );
+        // The first origin set stays; one equal to the peer is not repeated.
+        let e = Error::new(ErrorKind::PeerFailed, "gone").with_peer(3).with_origin(3).with_origin(1);
+        assert_eq!((e.origin(), e.to_string().as_str()), (Some(3), "peer failed: gone (peer rank 3)"));
     }
 
     #[test]

@@ -237,6 +237,9 @@ struct Inner {
     /// Communicators aborted as a whole.
     aborted_comms: HashMap<u64, Error>,
     closed: Option<Error>,
+    /// The first failure that began at another rank, which this rank's close frames
+    /// pass on so that a failure travelling from rank to rank keeps its origin.
+    first_failure: Option<Error>,
     /// Landings claimed by a link and not complete yet: failures reach them here, as
     /// they reach waiting receives through `slots`.
     claimed: Vec<(MatchKey, std::sync::Weak<Landing>)>,
@@ -648,12 +651,13 @@ pub fn decode_abort(payload: &[u8]) -> (ErrorKind, Option<Rank>, String) {
     (ErrorKind::from_code(payload[0]), peer, String::from_utf8_lossy(&payload[5..]).into_owned())
 }
 
-/// Encodes an abort frame's payload.
+/// Encodes an abort frame's payload; the rank it names is where the error began, if
+/// known, else its peer.
 pub fn encode_abort(err: &Error) -> Bytes {
     let msg = err.to_string();
     let mut v = Vec::with_capacity(5 + msg.len());
     v.push(err.kind() as u8);
-    v.extend_from_slice(&err.peer().map_or(NO_PEER, |p| p as u32).to_le_bytes());
+    v.extend_from_slice(&err.origin().or(err.peer()).map_or(NO_PEER, |p| p as u32).to_le_bytes());
     v.extend_from_slice(msg.as_bytes());
     Bytes::from(v)
 }
@@ -694,19 +698,33 @@ impl Mailbox {
                 // The error names the peer the aborting rank's error named (a failed
                 // rank, say), or else the aborting rank.
                 let (kind, peer, reason) = decode_abort(&frame.payload);
+                let origin = peer.unwrap_or(h.src as Rank);
                 if h.seq == COMM_ABORT_SEQ {
-                    let err = Error::new(kind, reason).with_peer(peer.unwrap_or(h.src as Rank));
+                    let err = Error::new(kind, reason).with_peer(origin).with_origin(origin);
                     self.abort_comm(h.comm, err);
                     return;
                 }
                 let err = Error::new(kind, format!("aborted by rank {}: {reason}", h.src))
-                    .with_peer(peer.unwrap_or(h.src as Rank))
+                    .with_peer(origin)
+                    .with_origin(origin)
                     .in_op(h.op, Some(h.seq));
                 self.abort_op(h.comm, h.seq, err);
             }
             FrameKind::Close => {
-                let err = Error::new(ErrorKind::PeerFailed, "peer closed its communicator").with_peer(h.src as Rank);
-                self.fail_peer(h.src as Rank, err);
+                let src = h.src as Rank;
+                // A close after a failure elsewhere carries that failure (see
+                // `close_payload`): the error then names where it began.
+                let err = if frame.payload.is_empty() {
+                    Error::new(ErrorKind::PeerFailed, "peer closed its communicator")
+                } else {
+                    let (_, origin, reason) = decode_abort(&frame.payload);
+                    Error::new(
+                        ErrorKind::PeerFailed,
+                        format!("rank {src} closed its communicator after a failure: {reason}"),
+                    )
+                    .with_origin(origin.unwrap_or(src))
+                };
+                self.fail_peer(src, err.with_peer(src));
             }
             FrameKind::Data => self.deliver_data(frame),
             // Liveness only: the transport that received it has noted the traffic.
@@ -900,10 +918,13 @@ impl Mailbox {
     /// Fails every present and future receive from `peer` with `err`, except messages
     /// that already arrived, which stay deliverable.
     pub fn fail_peer(&self, peer: Rank, err: Error) {
+        let origin = err.origin().or(err.peer()).unwrap_or(peer);
+        let err = err.with_origin(origin);
         let mut inner = self.inner.lock();
         if inner.failed_peers.contains_key(&peer) {
             return;
         }
+        self.note_failure(&mut inner, &err);
         self.changed();
         inner.failed_peers.insert(peer, err.clone());
         self.any_peer_failed.store(true, Ordering::Release);
@@ -918,6 +939,7 @@ impl Mailbox {
         if inner.aborted.contains_key(&(comm, seq)) {
             return false;
         }
+        self.note_failure(&mut inner, &err);
         self.changed();
         self.op_aborts.fetch_add(1, Ordering::AcqRel);
         inner.aborted.insert((comm, seq), err.clone());
@@ -934,6 +956,7 @@ impl Mailbox {
         if inner.aborted_comms.contains_key(&comm) {
             return false;
         }
+        self.note_failure(&mut inner, &err);
         self.changed();
         inner.aborted_comms.insert(comm, err.clone());
         self.any_comm_aborted.store(true, Ordering::Release);
@@ -970,6 +993,21 @@ impl Mailbox {
             return None;
         }
         self.inner.lock().failed_peers.get(&peer).cloned()
+    }
+
+    /// Keeps `err` as the failure to pass on if it is the first that began at another
+    /// rank.
+    fn note_failure(&self, inner: &mut Inner, err: &Error) {
+        if inner.first_failure.is_none() && err.origin().is_some_and(|o| o != self.rank) {
+            inner.first_failure = Some(err.clone());
+        }
+    }
+
+    /// The payload of this rank's close frames: empty, or the first failure that began
+    /// at another rank, so that a peer that fails because this rank closed names that
+    /// rank as the origin rather than this one.
+    pub fn close_payload(&self) -> Bytes {
+        self.inner.lock().first_failure.as_ref().map(encode_abort).unwrap_or_default()
     }
 
     /// Fails everything, now and later, with `err`.

@@ -78,9 +78,10 @@ impl Transport for MemTransport {
         if self.closed[self.rank].load(Ordering::Acquire) {
             return;
         }
+        let why = self.mailbox().close_payload();
         for peer in (0..self.boxes.len()).filter(|&p| p != self.rank) {
-            let h = Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, 0);
-            let _ = self.deliver(peer, h, Bytes::new());
+            let h = Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, why.len());
+            let _ = self.deliver(peer, h, why.clone());
         }
         self.closed[self.rank].store(true, Ordering::Release);
         self.mailbox().close(Error::new(ErrorKind::Closed, "communicator closed").at_rank(self.rank));

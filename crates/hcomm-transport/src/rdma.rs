@@ -534,9 +534,10 @@ impl RdmaTransport {
                 registrations: b.registrations,
             },
         );
+        let why = self.shared.mailbox.close_payload();
         for peer in (0..self.size).filter(|&p| p != self.rank) {
-            let h = Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, 0);
-            let _ = self.enqueue(peer, h, Bytes::new(), None);
+            let h = Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, why.len());
+            let _ = self.enqueue(peer, h, why.clone(), None);
         }
         true
     }

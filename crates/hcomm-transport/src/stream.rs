@@ -1516,8 +1516,13 @@ impl StreamTransport {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
             return false;
         }
+        let why = self.mailbox.close_payload();
         for peer in (0..self.size).filter(|&p| p != self.rank) {
-            self.post(peer, Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, 0), Bytes::new());
+            self.post(
+                peer,
+                Header::control(FrameKind::Close, OpKind::Bootstrap, self.rank, 0, 0, why.len()),
+                why.clone(),
+            );
         }
         true
     }
