@@ -48,10 +48,10 @@ pub struct StreamOptions {
     /// and the check off (a dead process is still noticed at once, by its closed
     /// sockets; a hung process or a cut path then only by operation deadlines).
     ///
-    /// Heartbeats to plain TCP and shared-memory peers come from a small thread of
-    /// the process as well as from the writer tasks (see `start_beacon`), so a rank
-    /// whose executor is busy computing still beats. Over io_uring, TLS or several
-    /// connections per peer they come from the writer tasks only: there a rank that
+    /// Heartbeats to plain TCP (tokio or io_uring) and shared-memory peers come from
+    /// a small thread of the process as well as from the writer tasks (see
+    /// `start_beacon`), so a rank whose executor is busy computing still beats. Over
+    /// TLS or several connections per peer they come from the writer tasks only: there a rank that
     /// blocks every thread of its executor for longer than this looks dead to its
     /// peers. This rank's own pauses are harmless: the check skips a round in which
     /// it was itself late.
@@ -529,6 +529,11 @@ where
 enum Beat {
     Tcp(std::sync::Weak<TcpInbox>),
     Shm(std::sync::Weak<crate::shm::ShmOut>),
+    /// An io_uring connection, through a duplicate of its socket that its writer
+    /// task keeps alive (the beacon's reference is weak, so the duplicate closes with
+    /// the writer and never keeps a connection open).
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    Uring(std::sync::Weak<std::net::TcpStream>),
 }
 
 /// Starts this process's liveness beacon for the peers in `beats`: an OS thread that
@@ -537,8 +542,9 @@ enum Beat {
 /// executor is busy (a long computation on a current-thread runtime). It moves no
 /// data and drives nothing, so it is no progress thread; a stopped process (SIGSTOP)
 /// stops it too, and is still failed by its peers after `timeout`. Ends when the
-/// transport goes away or closes. Connections over io_uring, TLS or several links
-/// per peer get their heartbeats from their writer tasks only.
+/// transport goes away or closes. Connections over TLS or several links per peer
+/// get their heartbeats from their writer tasks only: a TLS record needs the
+/// session its writer task owns, and a bundle's links carry numbered fragments.
 fn start_beacon(links: std::sync::Weak<Links>, rank: Rank, beats: Vec<(Rank, Beat)>, timeout: Duration) {
     if beats.is_empty() {
         return;
@@ -558,7 +564,27 @@ fn start_beacon(links: std::sync::Weak<Links>, rank: Rank, beats: Vec<(Rank, Bea
                 match beat {
                     Beat::Tcp(inbox) => {
                         if let Some(inbox) = inbox.upgrade() {
-                            beat_tcp(&links, &inbox, *peer, &frame);
+                            beat_socket(
+                                &links,
+                                *peer,
+                                &frame,
+                                |f| inbox.sock.try_write_vectored(f),
+                                || inbox.sock.shutdown_both(),
+                            );
+                        }
+                    }
+                    #[cfg(all(feature = "uring", target_os = "linux"))]
+                    Beat::Uring(sock) => {
+                        if let Some(sock) = sock.upgrade() {
+                            beat_socket(
+                                &links,
+                                *peer,
+                                &frame,
+                                |f| send_now(&sock, f),
+                                || {
+                                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                                },
+                            );
                         }
                     }
                     Beat::Shm(out) => {
@@ -575,22 +601,40 @@ fn start_beacon(links: std::sync::Weak<Links>, rank: Rank, beats: Vec<(Rank, Bea
     }
 }
 
-/// Writes heartbeat `frame` to a plain TCP peer if nothing is being written to it
-/// (the same rule as direct writes: under the wire lock, with the writer idle).
-fn beat_tcp(links: &Links, inbox: &TcpInbox, peer: Rank, frame: &[u8]) {
+/// Writes heartbeat `frame` to a single-socket TCP peer with `write` (which must not
+/// block) if nothing is being written to it (the same rule as direct writes: under
+/// the wire lock, with the writer idle); `cut` ends a connection left with part of a
+/// frame.
+fn beat_socket(
+    links: &Links,
+    peer: Rank,
+    frame: &[u8],
+    write: impl FnOnce(&[std::io::IoSlice<'_>]) -> std::io::Result<usize>,
+    cut: impl FnOnce(),
+) {
     let Some(_wire) = links.wire[peer].try_lock() else { return };
     if links.unwritten[peer].load(Ordering::Relaxed) != 0 {
         return;
     }
-    match inbox.sock.try_write_vectored(&[std::io::IoSlice::new(frame)]) {
+    match write(&[std::io::IoSlice::new(frame)]) {
         Ok(n) if n == frame.len() => {}
         // The socket is full (the peer reads nothing) or broken: the watchdogs and
         // the writer task deal with that.
         Ok(0) | Err(_) => {}
         // A few bytes of a frame and no room for the rest: the stream cannot go on
         // (the kernel takes small writes whole unless its buffer is full to the byte).
-        Ok(_) => inbox.sock.shutdown_both(),
+        Ok(_) => cut(),
     }
+}
+
+/// Sends `parts` on `sock` without blocking, whatever the socket's own mode (an
+/// io_uring socket may be in blocking mode, and its mode is shared with every
+/// duplicate of it, so it is not changed).
+#[cfg(all(feature = "uring", target_os = "linux"))]
+fn send_now(sock: &std::net::TcpStream, parts: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+    let [part] = parts else { return Err(std::io::Error::other("one part at a time")) };
+    // MSG_NOSIGNAL: a broken connection is an error here, not a SIGPIPE.
+    socket2::SockRef::from(sock).send_with_flags(part, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
 }
 
 /// A TCP transport over a full mesh of connections. See the module documentation.
@@ -892,20 +936,29 @@ impl StreamTransport {
         let (mut t, rxs) = StreamTransport::new(rank, links.len(), name_of(&links, "uring"));
         let heartbeat = opts.peer_timeout.map(|d| d / 4);
         let mut inboxes = vec![None; links.len()];
+        let mut beats = Vec::new();
         for (peer, (link, rx)) in links.into_iter().zip(rxs).enumerate() {
             let (Some(link), Some(rx)) = (link, rx) else { continue };
             let tasks = match link {
                 PeerLink::Tcp(s) => {
+                    // The beacon's way to this socket, alive while the writer is.
+                    let beat = match s.try_clone() {
+                        Ok(dup) => Some(Arc::new(dup)),
+                        Err(e) => {
+                            tracing::warn!(peer, error = %e, "no beacon for this connection: heartbeats come from its writer only");
+                            None
+                        }
+                    };
+                    if let Some(b) = &beat {
+                        beats.push((peer, Beat::Uring(Arc::downgrade(b))));
+                    }
                     let s = std::rc::Rc::new(tokio_uring::net::TcpStream::from_std(s));
                     let r = tokio_uring::spawn(read_loop(uring_io::UringLink(s.clone()), peer, t.shared.clone()));
-                    let w = tokio_uring::spawn(write_loop(
-                        uring_io::UringLink(s),
-                        rx,
-                        peer,
-                        t.shared.clone(),
-                        opts.fragment,
-                        heartbeat,
-                    ));
+                    let wl = write_loop(uring_io::UringLink(s), rx, peer, t.shared.clone(), opts.fragment, heartbeat);
+                    let w = tokio_uring::spawn(async move {
+                        let _beat = beat;
+                        wl.await
+                    });
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
                 }
                 PeerLink::Bundle(streams) => {
@@ -928,6 +981,7 @@ impl StreamTransport {
                 PeerLink::Tls(s) => t.spawn_tls(peer, *s, rx, opts.fragment, heartbeat),
                 PeerLink::Shm(pair, s) => {
                     let sp = t.shm_link(peer, pair, s, opts, &mut inboxes);
+                    beats.push((peer, Beat::Shm(Arc::downgrade(&sp.out))));
                     let r = tokio_uring::spawn(crate::shm::read_task(sp.inbox, opts.shm.spin));
                     let w =
                         tokio_uring::spawn(write_loop(sp.writer, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
@@ -944,6 +998,7 @@ impl StreamTransport {
                 // An error here (no submission slot) only skips the probe.
                 let _ = tokio_uring::no_op().await;
             }));
+            start_beacon(Arc::downgrade(&t.shared), rank, beats, timeout);
         }
         t
     }
