@@ -26,7 +26,7 @@ pub fn fail(msg: impl std::fmt::Display) -> ! {
 /// environment, so each copy is one rank) and exits with the job's status.
 pub fn launch_self(ranks: usize) -> ! {
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
-    let launch = hcomm::launch::Launch {
+    let launch = hcomm_launch::Launch {
         ranks,
         program: exe.into_os_string(),
         args: std::env::args_os().skip(1).collect(),
@@ -34,6 +34,6 @@ pub fn launch_self(ranks: usize) -> ! {
         env: Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
-    let out = rt.block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
+    let out = rt.block_on(hcomm_launch::run(launch)).unwrap_or_else(|e| fail(e));
     std::process::exit(out.code);
 }

@@ -746,7 +746,7 @@ fn main() {
         }),
         ("tcp" | "uring" | "shm" | "rdma", false) => {
             let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
-            let launch = hcomm::launch::Launch {
+            let launch = hcomm_launch::Launch {
                 ranks: a.ranks,
                 program: exe.into_os_string(),
                 args: std::env::args_os().skip(1).collect(),
@@ -754,7 +754,7 @@ fn main() {
                 env: Vec::new(),
             };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
-            let out = rt.block_on(hcomm::launch::run(launch)).unwrap_or_else(|e| fail(e));
+            let out = rt.block_on(hcomm_launch::run(launch)).unwrap_or_else(|e| fail(e));
             std::process::exit(out.code);
         }
         (other, _) => fail(format!(

@@ -272,7 +272,7 @@ impl Plan {
                 let far = |j: usize| t[j] > 0 && t[j] as f64 > t[incumbent] as f64 * NEAR;
                 let near: Vec<usize> = others.clone().filter(|&j| near(j)).collect();
                 let far: Vec<usize> = others.filter(|&j| far(j)).collect();
-                if !far.is_empty() && w % FAR_EVERY == 0 {
+                if !far.is_empty() && w.is_multiple_of(FAR_EVERY) {
                     Some(far[((w / FAR_EVERY) % far.len() as u64) as usize])
                 } else if near.is_empty() {
                     None
@@ -462,7 +462,7 @@ impl Class {
                 self.decided.push(Plan::new(v, 0, None, k));
                 continue;
             };
-            if v % self.epoch != 0 {
+            if !v.is_multiple_of(self.epoch) {
                 self.decided.push(Plan::new(v, prev, Some(&self.agreed[..k]), k));
                 continue;
             }
@@ -568,7 +568,7 @@ impl Adapt {
             .or_insert_with(|| Class::new(class.candidates().len(), epoch_windows(A::moved(class.bytes, g.size()))));
         let call = c.calls;
         c.calls += 1;
-        if call > 0 && call % (WINDOW * c.epoch) == 0 {
+        if call > 0 && call.is_multiple_of(WINDOW * c.epoch) {
             c.agreements.push_back(agreement(g, A::FAMILY, s.next_tag, c.medians(), c.k()));
             s.next_tag = s.next_tag.wrapping_add(1);
         }

@@ -50,7 +50,7 @@ pub fn reduce_in<E: Element>(op: ReduceOp, dst: &mut [E], src: &[u8]) -> Result<
 
 /// A payload as a vector of elements.
 pub fn to_vec<E: Element>(src: &[u8]) -> Result<Vec<E>> {
-    if src.len() % std::mem::size_of::<E>() != 0 {
+    if !src.len().is_multiple_of(std::mem::size_of::<E>()) {
         return Err(Error::new(
             ErrorKind::Protocol,
             format!("payload of {} bytes is not a whole number of {}", src.len(), E::DTYPE),

@@ -74,7 +74,7 @@ pub fn hex(b: &[u8]) -> String {
 
 /// The bytes of lower- or upper-case hex `s`, or `None`.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|d| u8::from_str_radix(d, 16).ok())).collect()

@@ -230,7 +230,7 @@ pub fn decode_records(b: &[u8]) -> Result<Vec<(u64, Signature)>, WireError> {
 /// error at once for a length that is not a whole number of records, and for each
 /// record whose codes name nothing.
 pub fn records(b: &[u8]) -> Result<impl Iterator<Item = Result<(u64, Signature), WireError>> + '_, WireError> {
-    if b.len() % RECORD_LEN != 0 {
+    if !b.len().is_multiple_of(RECORD_LEN) {
         return Err(WireError::BadRecordLen(b.len()));
     }
     Ok(b.chunks_exact(RECORD_LEN).map(|r| {

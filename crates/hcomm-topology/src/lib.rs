@@ -452,7 +452,7 @@ fn least_surface_tile(dims: &[usize], k: usize) -> Option<Vec<usize>> {
             }
             return;
         }
-        for t in (1..=dims[i]).filter(|t| dims[i] % t == 0 && k % t == 0) {
+        for t in (1..=dims[i]).filter(|t| dims[i].is_multiple_of(*t) && k.is_multiple_of(*t)) {
             cur.push(t);
             search(dims, k / t, cur, best);
             cur.pop();

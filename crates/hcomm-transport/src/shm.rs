@@ -117,7 +117,7 @@ const HDR: usize = 256;
 const DATA: usize = HDR;
 /// A cache line.
 const LINE: usize = 64;
-const _: () = assert!(DATA % LINE == 0);
+const _: () = assert!(DATA.is_multiple_of(LINE));
 
 /// Bytes written so far (by the writer).
 const HEAD: usize = 0;
@@ -341,7 +341,7 @@ impl Ring {
     /// counter says yet.
     fn boxed(&self) -> bool {
         let tail = self.u64_at(TAIL).load(Ordering::Relaxed);
-        tail % LINE as u64 == 0 && self.stamp(self.at(tail)).load(Ordering::Acquire) == tail ^ self.key
+        tail.is_multiple_of(LINE as u64) && self.stamp(self.at(tail)).load(Ordering::Acquire) == tail ^ self.key
     }
 
     /// Reader: copies up to `len` bytes to `dst`; returns how many.
@@ -1279,7 +1279,7 @@ impl ShmOut {
 
     /// The peer released the lent messages whose numbers `ids` lists.
     fn released(&self, ids: &[u8]) -> Result<()> {
-        if ids.len() % 8 != 0 {
+        if !ids.len().is_multiple_of(8) {
             return Err(protocol(format!("a release frame of {} bytes", ids.len())));
         }
         let mut lent = self.lent.lock();

@@ -1717,10 +1717,8 @@ async fn write_loop<L: WriteLink>(
                 None if !q.is_idle() => {}
                 None => break,
             }
-        } else if !closing {
-            if let Ok(o) = rx.try_recv() {
-                closing = gather(&mut q, o, &mut rx);
-            }
+        } else if !closing && let Ok(o) = rx.try_recv() {
+            closing = gather(&mut q, o, &mut rx);
         }
         // Whatever was posted lazily goes along.
         if take_lazy(&links, peer, &mut q, &mut rx, &mut closing) {

@@ -1452,7 +1452,7 @@ fn traced_all_to_all<'a, T: LocalTransport, E: Element>(
     let n = ctx.group().size();
     let block = send.len() / n;
     let span = tracing::debug_span!("alltoall", seq = ctx.seq(), block, dtype = %E::DTYPE, algo = algo.name());
-    let shape_ok = send.len() == recv.len() && send.len() % n == 0;
+    let shape_ok = send.len() == recv.len() && send.len().is_multiple_of(n);
     async move {
         if !shape_ok {
             let e = Error::invalid(format!(

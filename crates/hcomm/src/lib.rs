@@ -40,13 +40,11 @@
 //!   doubling, Rabenseifner, tree, chosen by a cost model or forced), `broadcast`,
 //!   `reduce`, `all_gather(_v)`, `gather(v)`, `scatter(v)`, `reduce_scatter(_v)`,
 //!   `all_to_all(_v)`, `scan`, `exscan`, `barrier`, `split`; reproducible mode.
-//! - [`launch`]: the `hcomm run` launcher.
 
 mod bootstrap;
 mod comm;
 pub mod env;
 pub mod ifname;
-pub mod launch;
 pub mod stats;
 pub mod store;
 mod tune;

@@ -1,6 +1,10 @@
-//! `hcomm run`: starts N ranks of a program on this host with the environment that
-//! [`crate::init`] reads, prefixes their output with the rank, and stops every rank
-//! when one fails.
+//! What `hcomm run` does, as a library: starts N ranks of a program on this host
+//! with the environment that `hcomm::init` reads, prefixes their output with the
+//! rank, and stops every rank when one fails (or when the launcher is told to stop).
+//!
+//! It is a crate of its own so that the `hcomm` library does not carry process
+//! management; programs that start themselves as local ranks (the examples, the
+//! benchmark) use it.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -238,8 +242,8 @@ pub async fn run(l: Launch) -> Result<Outcome> {
                 if failed.is_none() && left.is_none() && !waits.is_empty() && !*kill_tx.borrow() {
                     left = Some(r);
                 }
-                if let (Some(code), None) = (failed, outcome.failed_rank) {
-                    if !*kill_tx.borrow() {
+                if let (Some(code), None) = (failed, outcome.failed_rank)
+                    && !*kill_tx.borrow() {
                         let how = st.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                         match left {
                             Some(first) => {
@@ -257,7 +261,6 @@ pub async fn run(l: Launch) -> Result<Outcome> {
                         }
                         let _ = kill_tx.send(true);
                     }
-                }
             }
             sig = signals.next() => {
                 if signalled {

@@ -105,7 +105,7 @@ fn main() {
     };
     let program = command.remove(0);
     let launch =
-        hcomm::launch::Launch { ranks: ranks as usize, program, args: command, prefix: !no_prefix, env: Vec::new() };
+        hcomm_launch::Launch { ranks: ranks as usize, program, args: command, prefix: !no_prefix, env: Vec::new() };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -113,7 +113,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match rt.block_on(hcomm::launch::run(launch)) {
+    match rt.block_on(hcomm_launch::run(launch)) {
         Ok(o) => std::process::exit(o.code),
         Err(e) => {
             eprintln!("hcomm: {e}");
