@@ -1,6 +1,7 @@
 //! The `hcomm` command: `hcomm run -n N [--] PROGRAM [ARGS...]` starts N local ranks;
 //! `hcomm stats FILES...` merges per-rank statistics files (`HCOMM_STATS_FILE`);
-//! `hcomm topo` prints the topology (`hcomm run -n N -- hcomm topo`: the job's).
+//! `hcomm topo` prints the topology (`hcomm run -n N -- hcomm topo`: the job's);
+//! `hcomm settings` lists the `HCOMM_*` settings.
 
 use std::ffi::OsString;
 
@@ -44,6 +45,9 @@ enum Cmd {
     /// -- hcomm topo`, or any launcher HComm reads): the job's racks, hosts and
     /// ranks, printed by rank 0 after bootstrap.
     Topo,
+    /// Print every HCOMM_* setting: its default, the values it takes and what it does
+    /// (Markdown; the same as docs/settings.md).
+    Settings,
 }
 
 fn topo() -> i32 {
@@ -89,6 +93,10 @@ fn main() {
     let (ranks, no_prefix, mut command) = match cli.cmd {
         Cmd::Run { ranks, no_prefix, command } => (ranks, no_prefix, command),
         Cmd::Topo => std::process::exit(topo()),
+        Cmd::Settings => {
+            print!("{}", hcomm::settings::document());
+            std::process::exit(0);
+        }
         Cmd::Stats { files, per_rank } => match hcomm::stats::read_files(&files) {
             Ok(ranks) => {
                 if per_rank {

@@ -105,12 +105,13 @@ fn topo_prints_the_job_and_bad_variables_are_named() {
     for (var, value, says) in [
         ("HCOMM_TCP_SPIN_US", "soon", "HCOMM_TCP_SPIN_US=\"soon\" is not a whole number of microseconds"),
         ("HCOMM_SHM_SPIN_US", "-1", "HCOMM_SHM_SPIN_US=\"-1\""),
-        ("HCOMM_RECV_SPIN_US", "20000", "HCOMM_RECV_SPIN_US=20000 is above 10000"),
-        ("HCOMM_RACK", " ", "HCOMM_RACK is empty"),
+        ("HCOMM_RECV_SPIN_US", "20000", "HCOMM_RECV_SPIN_US=\"20000\" is above 10000"),
+        ("HCOMM_RACK", " ", "HCOMM_RACK is set but empty"),
+        ("HCOMM_SHM_RING", "1K", "HCOMM_SHM_RING=\"1K\" is below 64K"),
         ("HCOMM_TOPOLOGY", "/nonexistent/racks.toml", "cannot read the topology file /nonexistent/racks.toml"),
         ("HCOMM_POOL_BYTES", "lots", "HCOMM_POOL_BYTES"),
         ("HCOMM_BIND", "cores", "HCOMM_BIND=\"cores\" is not 0 or 1"),
-        ("HCOMM_TCP_EAGER", "128K", "HCOMM_TCP_EAGER=131072 is above 64K"),
+        ("HCOMM_TCP_EAGER", "128K", "HCOMM_TCP_EAGER=\"128K\" is above 64K"),
         ("HCOMM_TCP_EAGER", "small", "HCOMM_TCP_EAGER=\"small\" is not a size"),
     ] {
         let (ok, out) = topo(&[(var, value)]);

@@ -760,56 +760,55 @@ impl Tuning {
     /// # Errors
     /// A configuration error naming the variable at fault.
     pub fn with_env(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Tuning> {
-        if let Some(v) = get("HCOMM_ALGO_ALLREDUCE") {
-            self.allreduce = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        use hcomm_core::settings as set;
+        let get = &get;
+        fn algo<A: std::str::FromStr<Err = Error>>(v: Option<String>) -> Result<Option<Option<A>>> {
+            v.map(|v| if v == "auto" { Ok(None) } else { v.parse().map(Some) }).transpose()
         }
-        if let Some(v) = get("HCOMM_ALGO_BROADCAST") {
-            self.broadcast = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        if let Some(a) = algo(set::ALGO_ALLREDUCE.text(get)?)? {
+            self.allreduce = a;
         }
-        if let Some(v) = get("HCOMM_ALGO_ALLGATHER") {
-            self.allgather = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        if let Some(a) = algo(set::ALGO_BROADCAST.text(get)?)? {
+            self.broadcast = a;
         }
-        if let Some(v) = get("HCOMM_ALGO_ALLTOALL") {
-            self.alltoall = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        if let Some(a) = algo(set::ALGO_ALLGATHER.text(get)?)? {
+            self.allgather = a;
         }
-        if let Some(v) = get("HCOMM_ALGO_REDUCE_SCATTER") {
-            self.reduce_scatter = if v.trim() == "auto" { None } else { Some(v.parse()?) };
+        if let Some(a) = algo(set::ALGO_ALLTOALL.text(get)?)? {
+            self.alltoall = a;
         }
-        if let Some(v) = get("HCOMM_REPRODUCIBLE") {
-            self.reproducible = Error::parse_flag("HCOMM_REPRODUCIBLE", &v)?;
+        if let Some(a) = algo(set::ALGO_REDUCE_SCATTER.text(get)?)? {
+            self.reduce_scatter = a;
         }
-        if let Some(v) = get("HCOMM_ADAPT") {
-            self.adaptive = Error::parse_flag("HCOMM_ADAPT", &v)?;
+        if let Some(on) = set::REPRODUCIBLE.flag(get)? {
+            self.reproducible = on;
         }
-        if let Some(v) = get("HCOMM_TOPO_AWARE") {
-            self.topology_aware = Error::parse_flag("HCOMM_TOPO_AWARE", &v)?;
+        if let Some(on) = set::ADAPT.flag(get)? {
+            self.adaptive = on;
         }
-        if let Some(v) = get("HCOMM_CHECK_ARGS") {
+        if let Some(on) = set::TOPO_AWARE.flag(get)? {
+            self.topology_aware = on;
+        }
+        if let Some(v) = set::CHECK_ARGS.text(get)? {
             self.check_args = v.parse()?;
         }
-        let num = |var: &str| -> Result<Option<f64>> {
-            match get(var) {
-                None => Ok(None),
-                Some(v) => match v.trim().parse::<f64>() {
-                    Ok(x) if x > 0.0 && x.is_finite() => Ok(Some(x)),
-                    _ => Err(Error::config(format!("{var}={v:?} is not a positive number"))),
-                },
-            }
-        };
         let before = LinkCost { alpha: self.cost.alpha, beta: self.cost.beta };
-        if let Some(us) = num("HCOMM_COST_ALPHA_US")? {
+        if let Some(us) = set::COST_ALPHA_US.number(get)? {
             self.cost.alpha = us * 1e-6;
         }
-        if let Some(gbps) = num("HCOMM_COST_GBPS")? {
+        if let Some(gbps) = set::COST_GBPS.number(get)? {
             self.cost.beta = 1.0 / (gbps * 1e9);
         }
-        if let Some(gbps) = num("HCOMM_COST_REDUCE_GBPS")? {
+        if let Some(gbps) = set::COST_REDUCE_GBPS.number(get)? {
             self.cost.gamma = 1.0 / (gbps * 1e9);
         }
         let rack = LinkCost { alpha: self.cost.alpha, beta: self.cost.beta };
-        for (name, link) in [("HOST", &mut self.cost.host), ("SPINE", &mut self.cost.spine)] {
-            let us = num(&format!("HCOMM_COST_{name}_US"))?;
-            let gbps = num(&format!("HCOMM_COST_{name}_GBPS"))?;
+        for (us, gbps, link) in [
+            (set::COST_HOST_US, set::COST_HOST_GBPS, &mut self.cost.host),
+            (set::COST_SPINE_US, set::COST_SPINE_GBPS, &mut self.cost.spine),
+        ] {
+            let us = us.number(get)?;
+            let gbps = gbps.number(get)?;
             if *link == before {
                 // Not set apart from the rack's links: follow them.
                 *link = rack;

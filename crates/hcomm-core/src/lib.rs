@@ -12,6 +12,7 @@ pub mod landing;
 pub mod mailbox;
 pub mod op;
 pub mod pool;
+pub mod settings;
 mod simd;
 pub mod transport;
 pub mod wire;

@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::comm::{Communicator, Keep};
-use crate::env::{LaunchEnv, micros_var, size_var, wait_var};
+use crate::env::LaunchEnv;
 use crate::ifname::IfSpec;
 use crate::store::{StoreClient, StoreServer};
 
@@ -139,17 +139,13 @@ struct RankInfo {
 /// This rank's placement settings from the environment: `HCOMM_RACK`, the file
 /// `HCOMM_TOPOLOGY` names, and `HCOMM_HOST`.
 fn place_env() -> Result<(Option<String>, Option<TopologyFile>, Option<String>)> {
-    let name = |var: &str| match std::env::var(var) {
-        Ok(v) if v.trim().is_empty() => Err(Error::config(format!("{var} is empty"))),
-        Ok(v) => Ok(Some(v.trim().to_owned())),
-        Err(_) => Ok(None),
+    use hcomm_core::settings::{self as set, env};
+    let file = match set::TOPOLOGY.text(env)? {
+        Some(v) if v == "probe" => None,
+        Some(v) => Some(TopologyFile::load(std::path::Path::new(&v))?),
+        None => None,
     };
-    let file = match std::env::var("HCOMM_TOPOLOGY") {
-        Ok(v) if v.trim() == "probe" => None,
-        Ok(v) => Some(TopologyFile::load(std::path::Path::new(&v))?),
-        Err(_) => None,
-    };
-    Ok((name("HCOMM_RACK")?, file, name("HCOMM_HOST")?))
+    Ok((set::RACK.text(env)?, file, set::HOST.text(env)?))
 }
 
 fn placement_of(rack: Option<String>, file: Option<&TopologyFile>, host: Option<String>) -> Placement {
@@ -288,109 +284,84 @@ impl Config {
     /// # Errors
     /// A configuration error naming the variable at fault.
     pub fn from_env() -> Result<Config> {
+        use hcomm_core::settings::{self as set, env};
         crate::env::warn_unknown_vars();
         let e = LaunchEnv::from_env()?;
         let mut c = Config::new(e.rank, e.size, e.addr);
         c.job_id = e.job_id;
-        c.secret = match std::env::var("HCOMM_JOB_SECRET") {
-            Ok(s) if s.trim().is_empty() => return Err(Error::config("HCOMM_JOB_SECRET is empty")),
-            Ok(s) => Some(s),
-            Err(_) => None,
-        };
-        if let Some(t) = wait_var("HCOMM_TIMEOUT")? {
+        c.secret = set::JOB_SECRET.text(env)?;
+        if let Some(t) = set::TIMEOUT.wait(env)? {
             c.timeout = hcomm_core::saturate(t);
         }
-        if let Some(t) = wait_var("HCOMM_CONNECT_TIMEOUT")? {
+        if let Some(t) = set::CONNECT_TIMEOUT.wait(env)? {
             c.connect_timeout = hcomm_core::saturate(t);
         }
-        if let Some(t) = wait_var("HCOMM_STALL_WARN")? {
+        if let Some(t) = set::STALL_WARN.wait(env)? {
             c.stall_warn = t;
         }
-        if let Some(t) = wait_var("HCOMM_PEER_TIMEOUT")? {
+        if let Some(t) = set::PEER_TIMEOUT.wait(env)? {
             c.stream.peer_timeout = t;
         }
-        if let Ok(v) = std::env::var("HCOMM_SHM") {
-            c.shm = Error::parse_flag("HCOMM_SHM", &v)?;
+        if let Some(shm) = set::SHM.flag(env)? {
+            c.shm = shm;
         }
-        if let Some(r) = size_var("HCOMM_SHM_RING")? {
-            if !(64 << 10..=1 << 30).contains(&r) {
-                return Err(Error::config(format!("HCOMM_SHM_RING={r} is outside 64K..1G")));
-            }
+        if let Some(r) = set::SHM_RING.bytes(env)? {
             c.stream.shm.ring = r;
         }
-        if let Some(min) = size_var("HCOMM_SHM_CMA")? {
+        if let Some(min) = set::SHM_CMA.bytes(env)? {
             c.stream.shm.pull_min = min;
         }
-        if let Some(min) = size_var("HCOMM_TCP_LEND")? {
+        if let Some(min) = set::TCP_LEND.bytes(env)? {
             c.stream.tcp_lend = min;
         }
-        if let Some(min) = size_var("HCOMM_TCP_LAND")? {
+        if let Some(min) = set::TCP_LAND.bytes(env)? {
             c.stream.tcp_land = min;
         }
-        if let Some(max) = size_var("HCOMM_TCP_DIRECT")? {
-            if max > 1 << 20 {
-                return Err(Error::config(format!(
-                    "HCOMM_TCP_DIRECT={max} is above 1M: larger messages go through the writer task, fragmented"
-                )));
-            }
+        if let Some(max) = set::TCP_DIRECT.bytes(env)? {
             c.stream.tcp_direct = max;
         }
-        if let Some(max) = size_var("HCOMM_TCP_EAGER")? {
-            if max > 64 << 10 {
-                return Err(Error::config(format!(
-                    "HCOMM_TCP_EAGER={max} is above 64K: a burst of larger messages gains little from one write"
-                )));
-            }
+        if let Some(max) = set::TCP_EAGER.bytes(env)? {
             c.stream.tcp_eager = max;
             c.auto_eager = false;
         }
-        if let Some(spin) = micros_var("HCOMM_SHM_SPIN_US")? {
+        if let Some(spin) = set::SHM_SPIN_US.micros(env)? {
             c.stream.shm.spin = spin;
             c.auto_spin = false;
         }
-        if let Some(spin) = micros_var("HCOMM_RECV_SPIN_US")? {
-            if spin > Duration::from_millis(10) {
-                return Err(Error::config(format!(
-                    "HCOMM_RECV_SPIN_US={} is above 10000: a receive would hold its thread that long",
-                    spin.as_micros()
-                )));
-            }
+        if let Some(spin) = set::RECV_SPIN_US.micros(env)? {
             c.stream.recv_spin = spin;
         }
-        if let Some(spin) = micros_var("HCOMM_TCP_SPIN_US")? {
+        if let Some(spin) = set::TCP_SPIN_US.micros(env)? {
             c.stream.tcp_spin = spin;
             c.auto_spin = false;
         }
-        if let Ok(v) = std::env::var("HCOMM_SPIN_YIELD") {
-            c.stream.spin_yield = Error::parse_flag("HCOMM_SPIN_YIELD", &v)?;
+        if let Some(y) = set::SPIN_YIELD.flag(env)? {
+            c.stream.spin_yield = y;
             c.auto_spin = false;
         }
-        c.bind = match std::env::var("HCOMM_BIND") {
-            Ok(v) => Error::parse_flag("HCOMM_BIND", &v)?,
-            Err(_) => true,
-        };
-        if let Some(b) = size_var("HCOMM_POOL_BYTES")? {
+        c.bind = set::BIND.flag(env)?.unwrap_or(true);
+        if let Some(b) = set::POOL_BYTES.bytes(env)? {
             // Process-wide, like the memory it bounds.
             hcomm_core::pool::set_limit(b);
         }
         (c.rack, c.topology, c.host) = place_env()?;
-        c.probe_racks = std::env::var("HCOMM_TOPOLOGY").is_ok_and(|v| v.trim() == "probe");
-        if let Ok(v) = std::env::var("HCOMM_IFNAME") {
+        c.probe_racks = set::TOPOLOGY.text(env)?.is_some_and(|v| v == "probe");
+        if let Some(v) = set::IFNAME.text(env)? {
             c.ifname = Some(IfSpec::parse(&v)?);
         }
-        if let Ok(v) = std::env::var("HCOMM_LINKS") {
+        if let Some(v) = set::LINKS.text(env)? {
             (c.links, c.link_paths) = parse_links(&v)?;
         }
-        if let Ok(v) = std::env::var("HCOMM_TLS") {
-            c.tls = Error::parse_flag("HCOMM_TLS", &v)?;
+        if let Some(tls) = set::TLS.flag(env)? {
+            c.tls = tls;
         }
-        if let Some(us) = micros_var("HCOMM_LINK_STALL_US")? {
+        if let Some(us) = set::LINK_STALL_US.micros(env)? {
             c.stream.link_stall = us;
         }
-        if let Ok(v) = std::env::var("HCOMM_PORT_RANGE") {
+        if let Some(v) = set::PORT_RANGE.text(env)? {
             c.port_range = Some(parse_port_range(&v)?);
         }
-        if let Ok(v) = std::env::var("HCOMM_TCP_CONGESTION") {
+        if let Some(v) = set::TCP_CONGESTION.text(env)? {
             c.congestion = Congestion::parse(&v)?;
         }
         #[cfg(all(feature = "rdma", target_os = "linux"))]
@@ -752,33 +723,21 @@ impl Config {
 /// `HCOMM_RDMA_EAGER` (bytes, `16K`), `HCOMM_RDMA_RECV_DEPTH` into `o`.
 #[cfg(all(feature = "rdma", target_os = "linux"))]
 fn rdma_env(o: &mut hcomm_transport::rdma::RdmaOptions) -> Result<()> {
-    fn number<T>(var: &str, lo: T, hi: T) -> Result<Option<T>>
-    where
-        T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
-    {
-        let Ok(v) = std::env::var(var) else { return Ok(None) };
-        match v.trim().parse::<T>() {
-            Ok(n) if n >= lo && n <= hi => Ok(Some(n)),
-            _ => Err(Error::config(format!("{var}={v:?}: expected a number from {lo} to {hi}"))),
-        }
+    use hcomm_core::settings::{self as set, env};
+    if let Some(d) = set::RDMA_DEVICE.text(env)? {
+        o.device = Some(d);
     }
-    if let Ok(d) = std::env::var("HCOMM_RDMA_DEVICE") {
-        o.device = Some(d.trim().to_string()).filter(|d| !d.is_empty());
+    if let Some(p) = set::RDMA_PORT.count(env)? {
+        o.port = p as u8;
     }
-    if let Some(p) = number("HCOMM_RDMA_PORT", 1u8, 255)? {
-        o.port = p;
+    if let Some(g) = set::RDMA_GID_INDEX.count(env)? {
+        o.gid_index = g as usize;
     }
-    if let Some(g) = number("HCOMM_RDMA_GID_INDEX", 0usize, 255)? {
-        o.gid_index = g;
-    }
-    if let Some(e) = crate::env::size_var("HCOMM_RDMA_EAGER")? {
-        if !(64..=1 << 20).contains(&e) {
-            return Err(Error::config(format!("HCOMM_RDMA_EAGER={e} is outside 64..1M")));
-        }
+    if let Some(e) = set::RDMA_EAGER.bytes(env)? {
         o.eager = e;
     }
-    if let Some(d) = number("HCOMM_RDMA_RECV_DEPTH", 2usize, 4096)? {
-        o.recv_depth = d;
+    if let Some(d) = set::RDMA_RECV_DEPTH.count(env)? {
+        o.recv_depth = d as usize;
     }
     Ok(())
 }

@@ -17,8 +17,7 @@
 //! from the job id; across hosts without an address, [`LaunchEnv::from_env`] fails with
 //! an error that says what to set, never a silent guess.
 
-use std::time::Duration;
-
+use hcomm_core::settings;
 use hcomm_core::{Error, Result};
 
 /// What a launcher told this process.
@@ -55,10 +54,10 @@ enum SingleHost {
 const LAUNCHERS: &[Launcher] = &[
     Launcher {
         name: "hcomm",
-        rank: "HCOMM_RANK",
-        size: "HCOMM_SIZE",
-        local_rank: "HCOMM_LOCAL_RANK",
-        job: &["HCOMM_JOB_ID"],
+        rank: settings::RANK.name,
+        size: settings::SIZE.name,
+        local_rank: settings::LOCAL_RANK.name,
+        job: &[settings::JOB_ID.name],
         single_host: None,
     },
     Launcher {
@@ -147,11 +146,11 @@ impl LaunchEnv {
             None => None,
         };
         let job_parts: Vec<String> = l.job.iter().filter_map(|k| get(k)).collect();
-        let job_id = get("HCOMM_JOB_ID")
+        let job_id = get(settings::JOB_ID.name)
             .or_else(|| (!job_parts.is_empty()).then(|| job_parts.join(".")))
             .unwrap_or_else(|| String::from("default"));
 
-        let addr = if let Some(a) = get("HCOMM_ADDR") {
+        let addr = if let Some(a) = get(settings::ADDR.name) {
             a
         } else if let Some(host) = get("MASTER_ADDR") {
             let port = get("MASTER_PORT").ok_or_else(|| Error::config("MASTER_ADDR is set but MASTER_PORT is not"))?;
@@ -180,96 +179,7 @@ impl LaunchEnv {
     }
 }
 
-/// A byte count with an optional `K`, `M` or `G` suffix (binary multiples): `4M`,
-/// `512K`, `65536`.
-pub fn parse_size(text: &str) -> Option<usize> {
-    let t = text.trim();
-    let (num, shift) = match t.as_bytes().last()? {
-        b'K' | b'k' => (&t[..t.len() - 1], 10),
-        b'M' | b'm' => (&t[..t.len() - 1], 20),
-        b'G' | b'g' => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    num.parse::<usize>().ok()?.checked_mul(1 << shift)
-}
-
-/// A size variable (see [`parse_size`]); `None` when unset.
-///
-/// # Errors
-/// A configuration error naming the variable when it is not a size.
-pub fn size_var(var: &str) -> Result<Option<usize>> {
-    match std::env::var(var) {
-        Err(_) => Ok(None),
-        Ok(v) => parse_size(&v)
-            .map(Some)
-            .ok_or_else(|| Error::config(format!("{var}={v:?} is not a size such as 4M, 512K or 65536"))),
-    }
-}
-
-/// Every `HCOMM_*` variable HComm reads (or its tests set), for the warning about
-/// unknown ones ([`warn_unknown_vars`]).
-pub const KNOWN_VARS: &[&str] = &[
-    "HCOMM_ADAPT",
-    "HCOMM_ADDR",
-    "HCOMM_ALGO_ALLGATHER",
-    "HCOMM_ALGO_ALLREDUCE",
-    "HCOMM_ALGO_ALLTOALL",
-    "HCOMM_ALGO_BROADCAST",
-    "HCOMM_ALGO_REDUCE_SCATTER",
-    "HCOMM_BIND",
-    "HCOMM_CALIBRATE",
-    "HCOMM_CHECK_ARGS",
-    "HCOMM_CONNECT_TIMEOUT",
-    "HCOMM_COST_ALPHA_US",
-    "HCOMM_COST_GBPS",
-    "HCOMM_COST_HOST_GBPS",
-    "HCOMM_COST_HOST_US",
-    "HCOMM_COST_REDUCE_GBPS",
-    "HCOMM_COST_SPINE_GBPS",
-    "HCOMM_COST_SPINE_US",
-    "HCOMM_HOST",
-    "HCOMM_IFNAME",
-    "HCOMM_JOB_ID",
-    "HCOMM_JOB_SECRET",
-    "HCOMM_LINKS",
-    "HCOMM_LINK_STALL_US",
-    "HCOMM_LOCAL_RANK",
-    "HCOMM_PEER_TIMEOUT",
-    "HCOMM_POOL_BYTES",
-    "HCOMM_PORT_RANGE",
-    "HCOMM_RACK",
-    "HCOMM_RANK",
-    "HCOMM_RDMA_DEVICE",
-    "HCOMM_RDMA_EAGER",
-    "HCOMM_RDMA_GID_INDEX",
-    "HCOMM_RDMA_PORT",
-    "HCOMM_RDMA_RECV_DEPTH",
-    "HCOMM_RECV_SPIN_US",
-    "HCOMM_REPRODUCIBLE",
-    "HCOMM_SHM",
-    "HCOMM_SHM_CMA",
-    "HCOMM_SHM_RING",
-    "HCOMM_SHM_SPIN_US",
-    "HCOMM_SIZE",
-    "HCOMM_SPIN_YIELD",
-    "HCOMM_STALL_WARN",
-    "HCOMM_STATS",
-    "HCOMM_STATS_FILE",
-    "HCOMM_STATS_LEVEL",
-    "HCOMM_TCP_CONGESTION",
-    "HCOMM_TCP_DIRECT",
-    "HCOMM_TCP_EAGER",
-    "HCOMM_TCP_LAND",
-    "HCOMM_TCP_LEND",
-    "HCOMM_TCP_SPIN_US",
-    "HCOMM_TEST_REQUIRE_NETNS",
-    "HCOMM_TIMEOUT",
-    "HCOMM_TLS",
-    "HCOMM_TOPOLOGY",
-    "HCOMM_TOPO_AWARE",
-    "HCOMM_TUNE",
-    "HCOMM_TUNE_FILE",
-];
+pub use hcomm_core::settings::parse_size;
 
 /// Warns once per process, for each `HCOMM_*` variable in the environment that
 /// HComm does not read, with the known name nearest to it: a misspelt setting
@@ -293,10 +203,11 @@ pub fn warn_unknown_vars() {
 
 /// The warning for variable `name`, if it is an `HCOMM_*` variable HComm does not read.
 fn unknown_var(name: &str) -> Option<String> {
-    if !name.starts_with("HCOMM_") || KNOWN_VARS.contains(&name) {
+    if !name.starts_with("HCOMM_") || settings::find(name).is_some() {
         return None;
     }
-    let nearest = KNOWN_VARS.iter().min_by_key(|k| edit_distance(name, k)).copied().unwrap_or("HCOMM_TIMEOUT");
+    let nearest =
+        settings::ALL.iter().map(|s| s.name).min_by_key(|k| edit_distance(name, k)).unwrap_or("HCOMM_TIMEOUT");
     Some(match edit_distance(name, nearest) {
         // Close enough to be a slip of the keyboard.
         d if d <= 3 => format!("{name} is not a variable HComm reads (did you mean {nearest}?); it is ignored"),
@@ -318,53 +229,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-/// A wait from a variable: seconds (fractions allowed), or never: `off`, `never`,
-/// `none` or `0`. Anything longer than [`hcomm_core::NEVER`] (about 34 years; `1e30`,
-/// `inf`) is never as well. `None` if unset; `Some(None)` for never.
-///
-/// # Errors
-/// A configuration error naming the variable if the value is none of these.
-pub fn wait_var(var: &str) -> Result<Option<Option<Duration>>> {
-    match std::env::var(var) {
-        Err(_) => Ok(None),
-        Ok(v) => parse_wait(&v)
-            .map(Some)
-            .ok_or_else(|| Error::config(format!("{var}={v:?} is not a number of seconds, nor `off`"))),
-    }
-}
-
-/// See [`wait_var`].
-fn parse_wait(v: &str) -> Option<Option<Duration>> {
-    let v = v.trim();
-    if ["off", "never", "none"].iter().any(|w| v.eq_ignore_ascii_case(w)) {
-        return Some(None);
-    }
-    match v.parse::<f64>() {
-        Ok(0.0) => Some(None),
-        Ok(s) if s > 0.0 => {
-            let d = Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
-            Some((d < hcomm_core::NEVER).then_some(d))
-        }
-        // Negative, NaN, or not a number.
-        _ => None,
-    }
-}
-
-/// A whole number of microseconds from the environment (`0` allowed).
-///
-/// # Errors
-/// A configuration error naming the variable if it is not one.
-pub fn micros_var(var: &str) -> Result<Option<Duration>> {
-    match std::env::var(var) {
-        Err(_) => Ok(None),
-        Ok(v) => v
-            .trim()
-            .parse()
-            .map(|us| Some(Duration::from_micros(us)))
-            .map_err(|_| Error::config(format!("{var}={v:?} is not a whole number of microseconds"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,8 +245,8 @@ mod tests {
         assert!(m.contains("did you mean HCOMM_TCP_SPIN_US?"), "{m}");
         let m = unknown_var(&var("SOMETHING_ELSE_ENTIRELY")).unwrap();
         assert!(!m.contains("did you mean"), "{m}");
-        for k in KNOWN_VARS {
-            assert_eq!(unknown_var(k), None, "{k}");
+        for k in settings::ALL {
+            assert_eq!(unknown_var(k.name), None, "{}", k.name);
         }
         assert_eq!(unknown_var("PATH"), None);
     }
@@ -419,22 +283,14 @@ mod tests {
                     continue;
                 }
                 seen += 1;
-                assert!(KNOWN_VARS.contains(&name.as_str()), "{name} (in {}) is missing from KNOWN_VARS", f.display());
+                assert!(
+                    settings::find(&name).is_some(),
+                    "{name} (in {}) is not declared in hcomm_core::settings",
+                    f.display()
+                );
             }
         }
         assert!(seen > 50, "only {seen} names found: the walk missed the sources");
-    }
-
-    #[test]
-    fn waits_are_seconds_or_never_and_never_overflow() {
-        assert_eq!(parse_wait("1.5"), Some(Some(Duration::from_millis(1500))));
-        assert_eq!(parse_wait(" 30 "), Some(Some(Duration::from_secs(30))));
-        for never in ["0", "0.0", "off", "OFF", "never", "none", "1e30", "1e19", "inf", "1e300"] {
-            assert_eq!(parse_wait(never), Some(None), "{never}");
-        }
-        for bad in ["", "-1", "NaN", "five", "1s", "-inf"] {
-            assert_eq!(parse_wait(bad), None, "{bad:?}");
-        }
     }
 
     fn env(vars: &[(&str, &str)]) -> Result<LaunchEnv> {

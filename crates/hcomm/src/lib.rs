@@ -58,6 +58,7 @@ pub use hcomm_collectives::{
     AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, ArgCheck, BcastAlgo, CostModel, Crowded, Measured, Quiet,
     ReduceScatterAlgo, Tuning, quiet,
 };
+pub use hcomm_core::settings;
 pub use hcomm_core::{
     DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,
 };

@@ -135,25 +135,12 @@ impl StatsConfig {
     /// # Errors
     /// A configuration error naming the variable at fault.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<StatsConfig>> {
-        match get("HCOMM_STATS").as_deref().map(str::trim) {
-            None | Some("") => return Ok(None),
-            Some(v) => {
-                if !Error::parse_flag("HCOMM_STATS", v)? {
-                    return Ok(None);
-                }
-            }
+        use hcomm_core::settings as set;
+        if set::STATS.flag(&get)? != Some(true) {
+            return Ok(None);
         }
-        let level = match get("HCOMM_STATS_LEVEL").as_deref().map(str::trim) {
-            None | Some("1") => 1,
-            Some("2") => 2,
-            Some(v) => return Err(Error::config(format!("HCOMM_STATS_LEVEL={v:?} is not 1 or 2"))),
-        };
-        let file = match get("HCOMM_STATS_FILE") {
-            Some(f) if f.trim().is_empty() => {
-                return Err(Error::config("HCOMM_STATS_FILE is empty (unset it for a summary on stderr)"));
-            }
-            f => f,
-        };
+        let level = set::STATS_LEVEL.count(&get)?.unwrap_or(1) as u8;
+        let file = set::STATS_FILE.text(&get)?;
         Ok(Some(StatsConfig { level, file }))
     }
 

@@ -57,15 +57,14 @@ impl Default for TuneOptions {
 /// `HCOMM_TUNE`, read through `get`: unset, empty or `0` for no tuning, `1` for
 /// [`TuneOptions::default`], or the largest size to measure (`4M`, `512K`, bytes).
 pub(crate) fn options_from_env(get: impl Fn(&str) -> Option<String>) -> Result<Option<TuneOptions>> {
-    let Some(v) = get("HCOMM_TUNE") else { return Ok(None) };
-    let t = v.trim();
-    let bad = || Error::config(format!("HCOMM_TUNE={v:?} is not 0, 1 or a size such as 4M"));
-    match t {
-        "" | "0" => return Ok(None),
+    let Some(t) = hcomm_core::settings::TUNE.text(get)? else { return Ok(None) };
+    let bad = || Error::config(format!("HCOMM_TUNE={t:?} is not 0, 1 or a size such as 4M"));
+    match t.as_str() {
+        "0" => return Ok(None),
         "1" => return Ok(Some(TuneOptions::default())),
         _ => {}
     }
-    let max_bytes = crate::env::parse_size(t).filter(|&b| b >= 8).ok_or_else(bad)?;
+    let max_bytes = crate::env::parse_size(&t).filter(|&b| b >= 8).ok_or_else(bad)?;
     Ok(Some(TuneOptions { max_bytes, ..TuneOptions::default() }))
 }
 
@@ -83,11 +82,7 @@ impl Measure {
     /// The settings, read through `get` (before connecting, so that a wrong value
     /// fails at once).
     pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Measure> {
-        let file = match get("HCOMM_TUNE_FILE") {
-            Some(v) if v.trim().is_empty() => None,
-            Some(v) => Some(PathBuf::from(v)),
-            None => None,
-        };
+        let file = hcomm_core::settings::TUNE_FILE.text(&get)?.map(PathBuf::from);
         Ok(Measure { tune: options_from_env(&get)?, calibrate: calibrate_from_env(&get)?, file })
     }
 
@@ -141,11 +136,7 @@ impl Measure {
 /// `HCOMM_CALIBRATE`, read through `get`: unset, empty or `0` for no calibration, `1`
 /// for [`Communicator::calibrate`](crate::Communicator::calibrate) at `init`.
 pub(crate) fn calibrate_from_env(get: impl Fn(&str) -> Option<String>) -> Result<bool> {
-    match get("HCOMM_CALIBRATE").as_deref().map(str::trim) {
-        None | Some("" | "0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(v) => Err(Error::config(format!("HCOMM_CALIBRATE={v:?} is not 0 or 1"))),
-    }
+    Ok(hcomm_core::settings::CALIBRATE.flag(get)?.unwrap_or(false))
 }
 
 /// The order in which `k` contenders run in round `round`: a shuffle, the same on
@@ -777,9 +768,10 @@ mod tests {
         let get = |v: &'static str| move |k: &str| (k == "HCOMM_CALIBRATE").then(|| v.to_string());
         assert!(!calibrate_from_env(|_| None).unwrap());
         assert!(!calibrate_from_env(get("0")).unwrap());
-        assert!(!calibrate_from_env(get("")).unwrap());
         assert!(calibrate_from_env(get(" 1 ")).unwrap());
-        for bad in ["yes", "2", "true"] {
+        assert!(calibrate_from_env(get("true")).unwrap());
+        // Empty is an error, as for every setting (see `hcomm_core::settings`).
+        for bad in ["", "2", "sure"] {
             let e = calibrate_from_env(get(bad)).unwrap_err();
             assert!(e.to_string().contains("HCOMM_CALIBRATE"), "{bad}: {e}");
         }
