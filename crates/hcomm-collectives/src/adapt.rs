@@ -7,11 +7,11 @@
 //! Why: on ranks that share processors, the algorithms' times drift over a job.
 //! On 4 ranks over TCP on 2 processors, Rabenseifner's allreduce got 2-9% slower
 //! after the tuning, and the binomial tree's time is bimodal, so a table fixed at
-//! tuning time lost 0-2 sizes per run by more than 10% (BENCHMARKS.md, session 23);
+//! tuning time lost 0-2 sizes per run by more than 10%;
 //! the allgather and the reduce-scatter lost one size in some runs at 8-16 KiB
-//! blocks (session 24); over shared memory, the table chose the chain for 2-16 MiB
+//! blocks; over shared memory, the table chose the chain for 2-16 MiB
 //! broadcasts where the binomial tree was 1.13-1.31x faster head to head, in 10 cells
-//! of 17 sweeps (session 26).
+//! of 17 sweeps.
 //!
 //! How, for the calls of one family and one *class* (the measured size nearest to
 //! theirs), counted in call order on every rank alike:
@@ -191,8 +191,7 @@ pub const ADAPT_MIN_BYTES: usize = 64 << 10;
 /// blocks in some runs on 4 ranks, but adapting there too (a floor of 1 byte) did not
 /// help: two sweeps missed at 32 B and 512 B all the same (1.11-1.12 head to head),
 /// and the automatic choice went over 1.10x in more of the sweep's cells (7-8 against
-/// 1-4), as the algorithms there are within the calls' noise (BENCHMARKS.md,
-/// session 25).
+/// 1-4), as the algorithms there are within the calls' noise.
 pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 
 /// The most timings kept per rank and algorithm in a class (those of classes of
@@ -205,7 +204,7 @@ pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 /// algorithm it left looking slow and the one it took fast. With 21, the sweeps'
 /// automatic allgather missed the best by over 10% (head to head) in 2 cells of 17
 /// runs over shared memory, against 6 with 7 (2 of those below the 4 KiB floor,
-/// where the table alone decides; BENCHMARKS.md, session 26).
+/// where the table alone decides).
 pub const SAMPLES: usize = 21;
 
 /// The fewest timings kept per rank and algorithm (classes of one-window epochs).
@@ -214,12 +213,12 @@ pub const FEW_SAMPLES: usize = 7;
 /// Timings kept per rank and algorithm in a class of `epoch`-window epochs: three
 /// per window of an epoch, from [`FEW_SAMPLES`] to [`SAMPLES`]. Long epochs are
 /// those of small calls, whose times scatter most, and where more timings were
-/// measured to help; large calls keep the 7 of session 25, which missed no cell of
+/// measured to help; large calls keep 7, which missed no cell of
 /// 1 MiB and more there. A longer memory costs where an algorithm's time changes:
 /// a far alternative gets one timing per [`FAR_EVERY`] windows, and its median moves
 /// only once half of its kept timings are new (with 21, after about 350 windows;
 /// with 7, 130). Over TCP, 3 sweeps of each, alternating: no cell over 1.10 either
-/// way (BENCHMARKS.md, session 26).
+/// way.
 pub fn samples_kept(epoch: u64) -> usize {
     usize::try_from(3 * epoch).unwrap_or(SAMPLES).clamp(FEW_SAMPLES, SAMPLES)
 }
@@ -238,7 +237,7 @@ pub const MAX_CANDIDATES: usize = 5;
 /// window; a farther one only every [`FAR_EVERY`] windows. Run back to back, the
 /// ring's 256 KiB allreduce took 2.2x the tree's on 4 ranks over TCP on 2 processors
 /// (while 1.1x in the tuner's rounds, each after a barrier), and timing such
-/// alternatives in every window cost 10-20% of the time (BENCHMARKS.md, session 24).
+/// alternatives in every window cost 10-20% of the time.
 /// With 1.25, allgathers of 4-16 KiB blocks on 4 ranks back to back timed the
 /// algorithms 1.2x behind in every window.
 pub const NEAR: f64 = 1.15;
@@ -297,9 +296,9 @@ pub const SWITCH: f64 = 1.06;
 /// is made of: over TCP, 4 ranks on 2 processors, allgathers of 4-8 KiB blocks left
 /// recursive doubling (the table's choice and the best forced algorithm in the
 /// sweeps) on leads of 7-10% in an epoch's agreement, and the automatic column then
-/// took 1.11-1.12x the best head to head (BENCHMARKS.md, session 27). Where the table
+/// took 1.11-1.12x the best head to head. Where the table
 /// is off by more (a minute after tuning, the tree's 512 KiB allreduce took 1.25x the
-/// ring's in session 23), the selection still leaves it; by less, staying is within
+/// ring's), the selection still leaves it; by less, staying is within
 /// 10% of the best.
 pub const LEAVE: f64 = 1.10;
 
@@ -540,7 +539,7 @@ enum Step {
 /// agreement, made of epoch 0's timings alone: in 24 allgather sweeps, the
 /// selection switched 67 times, 9 of them undone by the very next agreement; with
 /// the second agreement required, 28 times, none undone so, and no sweep cell
-/// fared worse (BENCHMARKS.md, session 28).
+/// fared worse.
 pub fn incumbent(prev: usize, times: &[u64]) -> usize {
     let best = (0..times.len()).filter(|&j| times[j] > 0).min_by_key(|&j| times[j]);
     let margin = if prev == 0 { LEAVE } else { SWITCH };
@@ -661,7 +660,7 @@ fn agreement<T: LocalTransport>(g: &Group<T>, family: &'static str, tag: u32, mi
         // millisecond). Posted at once, it waited in the writer task's queue, and
         // the data writes behind it went through that task too instead of straight
         // to the socket: 256 KiB allreduces on 4 ranks over TCP on 2 processors took
-        // 1.3-1.5x their time (BENCHMARKS.md, session 24).
+        // 1.3-1.5x their time.
         g.transport().post_lazy(peer, h, &msg);
         let key = MatchKey { src: peer, comm: g.comm_id(), seq: ADAPT_SEQ, tag };
         recvs.push((r, peer, mailbox.recv(key)));

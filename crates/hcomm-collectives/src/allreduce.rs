@@ -22,7 +22,7 @@ use crate::{OpCtx, bound, check_reduce_op, copy_in, reduce_in};
 /// overlaps sending the next. At the size from which TCP receives land in their
 /// buffer (`HCOMM_TCP_LAND`, 512 KiB), so that a column's pieces do: with 256 KiB
 /// pieces, which never landed, 2 ranks over TCP took 1.1-1.35x the time at 1-16 MiB
-/// (three interleaved runs, BENCHMARKS.md); 4 ranks moved within noise.
+/// (three interleaved runs); 4 ranks moved within noise.
 pub const RING_CHUNK_BYTES: usize = 512 << 10;
 /// Most columns a ring allreduce uses.
 pub const RING_MAX_COLUMNS: usize = 64;
@@ -31,12 +31,12 @@ pub const RING_MAX_COLUMNS: usize = 64;
 /// ranks over TCP sharing 2 processors, the 64 MiB ring (32 columns of 512 KiB)
 /// took 104-118 ms and 7216 context switches per job, 7 times the 32 MiB ring's
 /// (16 columns); with 16 columns of 1 MiB, 91-94 ms. On 2 ranks (not crowded), 16
-/// columns were 1.1x slower at 64 MiB than 64 (BENCHMARKS.md, session 29).
+/// columns were 1.1x slower at 64 MiB than 64.
 pub const RING_MAX_COLUMNS_CROWDED: usize = 16;
 /// From this size the ring is the allreduce of ranks that crowd their host
 /// ([`CostModel::choose_allreduce_crowded`]). Not from 8 MiB: there, over shared
 /// memory, the ring took 1.14x the tree's time (medians of 5 alternations), while
-/// over TCP 0.90-0.96x (BENCHMARKS.md, session 29).
+/// over TCP 0.90-0.96x.
 pub const CROWDED_RING_BYTES: usize = 16 << 20;
 
 algo_enum! {
@@ -363,7 +363,7 @@ impl CostModel {
     /// transfers at the same time: on 4 ranks sharing 2 processors the binomial tree,
     /// whose transfers are the fewest, took 0.67-0.84x the chain's time at 1-16 MiB
     /// (medians of four alternated runs),
-    /// where the model without this chose the chain (BENCHMARKS.md).
+    /// where the model without this chose the chain.
     pub fn choose_bcast_crowded(&self, n: usize, bytes: usize, crowded: Option<Crowded>) -> BcastAlgo {
         let Some(c) = Crowded::of(crowded, n) else { return self.choose_bcast(n, bytes) };
         cheapest(&BcastAlgo::ALL, |a| {
@@ -489,8 +489,8 @@ impl CostModel {
     /// fewest messages) the bound favours from 128 KiB, competes only where the
     /// ranks are bound to processors in blocks ([`Crowded::blocks`]): its time
     /// depends on which ranks share a processor, 178-458 µs at 256 KiB in four
-    /// unbound runs, 182-221 with ranks 0 and 1 on one and 2 and 3 on the other
-    /// (BENCHMARKS.md); unbound, Rabenseifner's algorithm takes over from 64 KiB.
+    /// unbound runs, 182-221 with ranks 0 and 1 on one and 2 and 3 on the other;
+    /// unbound, Rabenseifner's algorithm takes over from 64 KiB.
     ///
     /// From [`CROWDED_RING_BYTES`] the ring, whatever the bound says: its pieces
     /// are reduced as they come, while the tree and Rabenseifner's algorithm
@@ -499,7 +499,7 @@ impl CostModel {
     /// ring's time at 8-16 MiB in 6 of 6 tuned sweeps, and 1.04-1.14x (medians of 7
     /// rounds) at 8-32 MiB in `hcomm-bench` jobs. The tree spent 1.4x the ring's
     /// processor time per 16 MiB allreduce, most of the difference in the kernel's
-    /// loopback path, not in copies (`perf`, BENCHMARKS.md, session 29). Over shared
+    /// loopback path, not in copies. Over shared
     /// memory the ring took 0.74-0.96x the tree's time at 32-64 MiB, and the two were
     /// even at 16 MiB. Below, the tree stays: 1.03-1.15x faster than the ring at 2-4
     /// MiB over TCP.
@@ -667,8 +667,7 @@ pub enum ArgCheck {
     /// rounds beside the data, and no rank finishes before every signature has been
     /// checked against its own, so that a mismatch fails the operation itself on
     /// every rank. Each such operation then waits for every rank, which costs small
-    /// broadcasts 1.8x their time on 2 ranks and 6x on 4 oversubscribed ones
-    /// (BENCHMARKS.md).
+    /// broadcasts 1.8x their time on 2 ranks and 6x on 4 oversubscribed ones.
     Sync,
 }
 

@@ -327,7 +327,7 @@ async fn checked_now<T: LocalTransport, R>(
     // same peer (always on 2 ranks): gathered, they leave in one write. Written one
     // by one, each by the sending task in its call (TCP's `tcp_direct`), the second
     // waited for the writer task all the same, and 2-rank broadcasts of 8 B-4 KiB
-    // took 1.15x their time (BENCHMARKS.md).
+    // took 1.15x their time.
     let first =
         std::future::poll_fn(|cx| std::task::Poll::Ready(hcomm_core::transport::gather(|| both.as_mut().poll(cx))))
             .await;

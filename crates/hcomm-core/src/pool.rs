@@ -5,7 +5,7 @@
 //! copy into it: glibc serves large requests with `mmap` (or grows the heap and trims
 //! it again on free), so every message takes one page fault per 4 KiB page it
 //! touches, and the kernel clears each page first. A profile of a 1 MiB bandwidth run
-//! spent more time in those faults than in the copies themselves (BENCHMARKS.md).
+//! spent more time in those faults than in the copies themselves.
 //!
 //! Buffers of [`MIN_POOLED`] bytes and more come from size classes (powers of two).
 //! A [`PoolBuf`] is an ordinary [`BytesMut`] while it is filled; [`PoolBuf::freeze`]

@@ -56,7 +56,7 @@ pub struct MeshOptions {
 pub enum Congestion {
     /// Reno where the system's default is BBR or CUBIC (Linux's default), else
     /// the system's (DCTCP, say, which a data centre chose on purpose). Measured over
-    /// loopback (BENCHMARKS.md):
+    /// loopback:
     /// - BBR paces every connection's segments at its estimate of the path's
     ///   bandwidth. With round trips of tens of microseconds that estimate drops
     ///   after the spurious retransmissions loopback reordering causes, and each

@@ -335,7 +335,7 @@ impl Assembler {
     /// ([`Assembler::read_target`]). For TCP connections of ranks that do not
     /// outnumber the processors: on 4 ranks sharing 2 it made allreduces of 512 KiB
     /// 1.6x slower and of 1-4 MiB 1.05-1.25x (why, not established), where on 2
-    /// ranks it made those of 1-2 MiB 4-5% faster (BENCHMARKS.md, session 19).
+    /// ranks it made those of 1-2 MiB 4-5% faster.
     pub fn header_alone(self, on: bool) -> Assembler {
         Assembler { header_alone: on && !self.ring, ..self }
     }

@@ -35,7 +35,7 @@
 //! destinations) comes from a pool of registered regions by power-of-two size class;
 //! a region is registered with the device only when the pool has none of its class,
 //! and the pool keeps up to 256 MiB. The default of [`RdmaOptions::eager`] (16 KiB)
-//! was measured in the soft-RoCE guest (`BENCHMARKS.md`): larger limits made small
+//! was measured in the soft-RoCE guest: larger limits made small
 //! messages slower than the eager path made the 32–64 KiB ones faster.
 //!
 //! # Cancel safety

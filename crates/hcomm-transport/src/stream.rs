@@ -82,7 +82,7 @@ pub struct StreamOptions {
     /// runs at once instead of after this one's time slice. `hcomm`'s bootstrap turns
     /// it on where this host runs more ranks than it has cores (`HCOMM_SPIN_YIELD`);
     /// measured there, small allreduces on 4 ranks over 2 cores took 0.55x the time
-    /// of not spinning, and 0.19x that of spinning without it (BENCHMARKS.md).
+    /// of not spinning, and 0.19x that of spinning without it.
     pub spin_yield: bool,
     /// With several connections per peer ([`PeerLink::Bundle`]): the least time a
     /// link holding unacknowledged data may go without the peer reporting new bytes
@@ -107,7 +107,7 @@ pub struct StreamOptions {
     /// connection's reader filled ([`hcomm_core::landing`]). Zero: nothing lands. Not
     /// used by io_uring, TLS, several connections per peer, or shared memory; only
     /// with [`StreamOptions::tcp_spin`] on (also where ranks outnumber cores, where it yields to other processes).
-    /// Default [`DEFAULT_TCP_LAND`]: measured on 2 ranks (BENCHMARKS.md), landing
+    /// Default [`DEFAULT_TCP_LAND`]: measured on 2 ranks, landing
     /// took 0.56-0.72x the `bw` time and 0.60-0.85x the broadcast time at 512 KiB to
     /// 16 MiB, but 1.02-1.10x the time of allreduce and broadcast at 64-256 KiB.
     pub tcp_land: usize,
@@ -139,7 +139,7 @@ pub struct StreamOptions {
     /// that fails the operations that come after. Back-to-back 8 B-4 KiB broadcasts
     /// from their root took 0.31-0.46x their time without on 2 ranks, and
     /// 0.47-0.83x on 4 ranks sharing 2 processors; exchanges (allreduce, latency)
-    /// are not bursts and do not change (BENCHMARKS.md, session 20). Zero: off
+    /// are not bursts and do not change. Zero: off
     /// (`HCOMM_TCP_EAGER`).
     pub tcp_eager: usize,
 }
@@ -162,8 +162,7 @@ pub struct StreamOptions {
 /// writes and 2.9 packets per broadcast at 2 KiB, against 1.1 and 1.3 at 1 KiB,
 /// and 8.1 µs of kernel time against 1.8), and took 1.0-1.3x OpenMPI's time. With 4
 /// µs they took 0.63-0.65x the 2 µs build's time, and 8 B-1 KiB 0.81-0.91x (7
-/// rounds); 2-rank collectives and point-to-point latency did not move
-/// (BENCHMARKS.md, session 29).
+/// rounds); 2-rank collectives and point-to-point latency did not move.
 const BURST_GAP: Duration = Duration::from_micros(4);
 
 /// How many messages may wait for a peer's writer task while sends to that peer
@@ -174,14 +173,14 @@ pub const EAGER_BACKLOG: usize = 32;
 
 /// Default of [`StreamOptions::tcp_eager`] (`HCOMM_TCP_EAGER`). On 2 ranks,
 /// back-to-back 8 KiB broadcasts took 0.57-0.75x their time with 8 KiB instead of
-/// 4; 16 KiB gained nothing at 16 KiB (BENCHMARKS.md, sessions 22-23).
+/// 4; 16 KiB gained nothing at 16 KiB.
 pub const DEFAULT_TCP_EAGER: usize = 8 << 10;
 
 /// [`StreamOptions::tcp_eager`] where ranks outnumber processors (the bootstrap's
 /// choice when `HCOMM_TCP_EAGER` is not set): there 8-16 KiB broadcasts on 4 ranks
 /// sharing 2 processors took 1.03-1.29x their time with 8 KiB instead of 4, as the
 /// root's queued copies and the writer's larger gathered writes compete with the
-/// receivers for the processors (BENCHMARKS.md, session 22).
+/// receivers for the processors.
 pub const CROWDED_TCP_EAGER: usize = 4 << 10;
 
 /// How long a frame posted lazily ([`Transport::post_lazy`]) waits for a write to
@@ -1909,8 +1908,8 @@ const LAND_PATIENCE: Duration = Duration::from_micros(200);
 /// often does not run for a millisecond or more. On 4 ranks sharing 2 processors, the
 /// relay of a 4 MiB binomial broadcast had most of its messages read early and copied
 /// (the root's next message comes while it still forwards the last); with 2 ms, four
-/// alternations took 0.56-0.82x the time (median 0.78) and at 16 MiB 0.88-1.01x
-/// (BENCHMARKS.md, session 22). A message behind a large one whose receive is not
+/// alternations took 0.56-0.82x the time (median 0.78) and at 16 MiB 0.88-1.01x.
+/// A message behind a large one whose receive is not
 /// posted waits up to this long, or longer for a larger message
 /// ([`LAND_PATIENCE_PER_MIB`]).
 const LAND_PATIENCE_CROWDED: Duration = Duration::from_millis(2);
@@ -1925,7 +1924,7 @@ const LAND_PATIENCE_CROWDED: Duration = Duration::from_millis(2);
 /// with 2 ms (copied into pooled buffers, 53-82 ms a broadcast) and none with 100 ms
 /// (38-43 ms). With this rule (64 ms there), 64 MiB broadcasts took 0.48-0.63x the
 /// time of 2 ms and 16-32 MiB 0.76-0.87x, in rounds of both orders; allreduces did
-/// not move (BENCHMARKS.md, session 30).
+/// not move.
 const LAND_PATIENCE_PER_MIB: Duration = Duration::from_millis(1);
 
 /// The most a reader leaves a message's bytes in the socket for its receive

@@ -73,7 +73,7 @@ pub struct Config {
     /// scheduler, which ranks share a processor changes from run to run, and with it
     /// the collectives' times: on 4 ranks and 2 processors the binomial allreduce of
     /// 256 KiB took 182-221 µs with ranks 0 and 1 sharing one, 449-479 with 0 and 2 or
-    /// 0 and 3, and 275-458 unbound (BENCHMARKS.md). `HCOMM_BIND=0` turns it off; on
+    /// 0 and 3, and 275-458 unbound. `HCOMM_BIND=0` turns it off; on
     /// by default for a rank of its own process ([`Config::from_env`]), off in
     /// [`Config::new`] (ranks that share a process would bind each other's threads).
     pub bind: bool,

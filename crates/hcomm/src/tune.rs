@@ -42,8 +42,8 @@ pub struct TuneOptions {
     /// time a job gets that calls the collective at that size again and again. Off,
     /// a timed run follows whichever algorithm the round's shuffle put before it, and
     /// on ranks that share processors that costs the one after a switch between
-    /// patterns (the ring's, recursive doubling's) 40-70 µs on a 120 µs allgather
-    /// (BENCHMARKS.md, session 20), which the duels then charge to whichever switched
+    /// patterns (the ring's, recursive doubling's) 40-70 µs on a 120 µs allgather,
+    /// which the duels then charge to whichever switched
     /// more often. On by default; it doubles the tuning time.
     pub primed: bool,
 }
@@ -302,8 +302,8 @@ impl<T: LocalTransport> Communicator<T> {
         // against the next. Timed together, three or four algorithms rank otherwise
         // than two at a time: on 4 ranks over TCP the ring and recursive doubling's
         // allgather of 1 MiB blocks measured 2.70 and 2.72 ms among four columns,
-        // while head to head recursive doubling took 1.31-1.40x the ring's time
-        // (BENCHMARKS.md); the duels are the measurement the selection is checked by.
+        // while head to head recursive doubling took 1.31-1.40x the ring's time;
+        // the duels are the measurement the selection is checked by.
         let row = &f.first[i];
         set.sort_by(|&a, &b| row[a].total_cmp(&row[b]));
         let reps = if close(row) { 2 * reps } else { reps };
@@ -364,21 +364,21 @@ impl<T: LocalTransport> Communicator<T> {
 /// are timed in. On 4 ranks over TCP the binomial tree and Rabenseifner's allreduce
 /// measured within 1-5% of each other at 1-4 MiB that way, while alternating alone
 /// (3 blocks of 45 rounds) the tree took 1.12-1.22x Rabenseifner's time, and back
-/// to back 1.1-1.5x at 4 MiB (BENCHMARKS.md).
+/// to back 1.1-1.5x at 4 MiB.
 const CONTEND: f64 = 1.25;
 
 /// How far behind the first pass's best at a size an algorithm may be and still be
 /// an alternative the adaptive selection keeps timing while the job runs
 /// (`hcomm_collectives::adapt`). Times move that far: on 4 ranks over TCP on 2
 /// processors, the ring's 1 MiB allreduce took 1.27x Rabenseifner's in a tuner's
-/// first pass and 0.92x a minute later (BENCHMARKS.md, session 24). Each window of 16
+/// first pass and 0.92x a minute later. Each window of 16
 /// calls runs an alternative twice, so one 1.5x behind costs at most 6% there.
 const ALTERNATIVE: f64 = 1.5;
 
 /// How near the first pass's two best algorithms at a size must be for a later pass
 /// to time them twice as often again: the later passes' medians of 10-16 rounds
 /// (at 1-16 MiB) had picked, at 4 sizes in 422, an algorithm that took 1.11-1.23x
-/// the other's time in head-to-head blocks of 135 rounds each (BENCHMARKS.md).
+/// the other's time in head-to-head blocks of 135 rounds each.
 const CLOSE: f64 = 1.10;
 
 /// Duels among `k` contenders (indices `0..k`, the presumed best first): 0 against
@@ -409,8 +409,7 @@ fn close(times: &[f64]) -> bool {
 /// best at each neighbouring size. The times are smooth in the size while a shared
 /// machine's noise is not: on 4 ranks over shared memory the binomial broadcast,
 /// fastest at 2 and 8 MiB, measured more than 1.25x the chain's time at 4 MiB in a
-/// first pass, was left out, and the chain kept 4 MiB at 1.37x its time head to head
-/// (BENCHMARKS.md).
+/// first pass, was left out, and the chain kept 4 MiB at 1.37x its time head to head.
 fn contenders(pass: usize, first: &[Vec<f64>], i: usize) -> Vec<usize> {
     let row = &first[i];
     let near: Vec<usize> = [i.checked_sub(1), Some(i + 1)]
@@ -504,7 +503,7 @@ fn record(pass: usize, first: &mut [f64], later: &mut [f64], set: &[usize], time
 /// the tree at 256 KiB. The later pass measured the ring 6-7% ahead of the tree at
 /// 128 KiB, and the smoothing still chose the tree, from the ring's 1.2-1.4x at the
 /// sizes around, in every one of 5 runs; the tree took 1.12-1.14x the ring's time
-/// head to head there (BENCHMARKS.md, session 19).
+/// head to head there.
 const TIE: f64 = 1.03;
 
 /// How far above the smallest sizes' best time the best at a size may be for that size
@@ -522,7 +521,7 @@ const TIE: f64 = 1.03;
 /// led at 256 and 512 B (by 9-10%) and trailed by 9-15% at 1-4 KiB. Replaying 38
 /// tuners' timings, a choice per size picked another than recursive doubling at 36
 /// of 342 sizes below 4 KiB, pooling two sizes either way at 7, and pooling the whole
-/// run at none (BENCHMARKS.md, session 27).
+/// run at none.
 ///
 /// The crossovers seen so far lie well above the run (the alltoall's Bruck and
 /// pairwise exchange at 32-64 KiB blocks on shared memory, where the times have

@@ -5,7 +5,7 @@
 //! a second, then shrink and carry on; and one of two paths between two hosts cut
 //! during 64 MiB allreduces over two connections per peer (`HCOMM_LINKS`), which must
 //! come out right, with the data moved to the other path (progress resumed within 1 s;
-//! how fast is measured in BENCHMARKS.md).
+//! how fast is a benchmark's question, not this test's).
 //!
 //! The ranks are processes: this test binary itself, running the ignored
 //! `netfault_rank` function inside a namespace. Without root or `ip`, the tests print
@@ -273,8 +273,8 @@ fn allreduces_complete_on_a_slow_lossy_network() {
     // The same segment lost twice can stall a TCP connection for 0.2 + 0.4 s (the
     // retransmission timer doubles), as long as the default peer timeout, which is
     // meant for a healthy network. The test is about the data path, so it gives the
-    // heartbeats room (with the default it passed too, in the runs BENCHMARKS.md
-    // notes, but a false "peer failed" there would be the network's doing).
+    // heartbeats room (with the default it passed too, but a false "peer failed"
+    // there would be the network's doing).
     let start = Instant::now();
     let outs = finish("lossy", start_lossy(&c, &ready));
     let (carried, dropped) = c.counts();
@@ -498,7 +498,7 @@ fn path_cut(uring: bool) {
     );
     // A bound that only a missing failover breaks (the data would then wait for TCP
     // to give up on the cut path, seconds): how fast the failover is, is a measured
-    // figure (BENCHMARKS.md), not an assertion. CI caught a loaded run whose relay
+    // figure, not an assertion. CI caught a loaded run whose relay
     // itself stopped delivering for 171 ms after the cut, and the transport's gap
     // then was 200 ms.
     assert!(worst_gap < Duration::from_secs(1), "progress stopped for {worst_gap:?}");

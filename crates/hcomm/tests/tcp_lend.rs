@@ -295,7 +295,7 @@ async fn a_receive_posted_late_lands_the_rest_of_its_message() {
 /// comes, once the reader's patience runs out and it reads the large one into buffers
 /// of its own, and the large one is then received whole from those. (How much a
 /// large message's own receive reads when it is posted within the patience depends on
-/// the load, so it is measured in BENCHMARKS.md, not asserted.)
+/// the load, so it is measured by the benchmarks, not asserted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_crowded_host_a_message_behind_an_unclaimed_large_one_still_comes() {
     let mut comms = hcomm::local_tcp_with(2, |c| {
