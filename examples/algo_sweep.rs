@@ -328,7 +328,7 @@ struct Contested {
 /// taken in the same minute, and the blocks spread over the run. With 3 blocks the
 /// same code in both columns (below the selection's floors, where the automatic
 /// choice is the table's) measured 1.11-1.17 in 6 of 22 sweeps over shared memory
-/// (BENCHMARKS.md, session 26); `--aa` measures that spread beside each duel.
+///; `--aa` measures that spread beside each duel.
 async fn duels<T: LocalTransport>(comm: &Communicator<T>, a: &Args, contested: &[Contested]) -> Result<(), String> {
     let blocks = a.duel_blocks.max(1);
     let duel = async |cols: [Option<usize>; 2], c: &Contested| -> Result<Vec<f64>, String> {

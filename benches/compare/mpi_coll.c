@@ -9,10 +9,13 @@
  * reduce_scatter and alltoall is the whole buffer (one block per rank); broadcast's
  * root is rank 0. The results of the first operation of each size are checked.
  *
- * usage: mpi_coll MIN MAX OPS [MAXITERS]
+ * usage: mpi_coll MIN MAX OPS [MAXITERS [TIMING]]
  *   OPS comma-separated: allreduce,broadcast,allgather,reduce_scatter,alltoall;
  *   MAXITERS lowers the 1000 iterations cap (for an MPI that busy-polls oversubscribed
- *   cores and takes milliseconds per operation).
+ *   cores and takes milliseconds per operation);
+ *   TIMING `b2b` (default): the operations back to back under one timer; `osu`: each
+ *   operation timed alone, with an untimed barrier after it, as the OSU
+ *   micro-benchmarks and hcomm-bench's `--timing osu` do.
  * output: op bytes iters avg_us min_us max_us */
 #include <mpi.h>
 #include <stdio.h>
@@ -72,6 +75,7 @@ int main(int argc, char **argv) {
     long min = atol(argv[1]), max = atol(argv[2]);
     char *ops = strdup(argv[3]);
     long cap_iters = argc > 4 ? atol(argv[4]) : 1000;
+    int osu = argc > 5 && !strcmp(argv[5], "osu");
     long cap = max / 4 + 1;
     float *a = malloc(cap * sizeof(float)), *b = malloc(cap * sizeof(float));
     for (char *op = strtok(ops, ","); op; op = strtok(NULL, ",")) {
@@ -95,9 +99,20 @@ int main(int argc, char **argv) {
             once(op, a, b, elems, 1, bytes);
             for (long w = 1; w < warm; w++) once(op, a, b, elems, 0, bytes);
             MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = MPI_Wtime();
-            for (long it = 0; it < iters; it++) once(op, a, b, elems, 0, bytes);
-            double mine = (MPI_Wtime() - t0) / (double)iters, sum, lo_t, hi_t;
+            double mine = 0.0, sum, lo_t, hi_t;
+            if (osu) {
+                for (long it = 0; it < iters; it++) {
+                    double t0 = MPI_Wtime();
+                    once(op, a, b, elems, 0, bytes);
+                    mine += MPI_Wtime() - t0;
+                    MPI_Barrier(MPI_COMM_WORLD);
+                }
+            } else {
+                double t0 = MPI_Wtime();
+                for (long it = 0; it < iters; it++) once(op, a, b, elems, 0, bytes);
+                mine = MPI_Wtime() - t0;
+            }
+            mine /= (double)iters;
             MPI_Reduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
             MPI_Reduce(&mine, &lo_t, 1, MPI_DOUBLE, MPI_MIN, 0, MPI_COMM_WORLD);
             MPI_Reduce(&mine, &hi_t, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
