@@ -28,7 +28,8 @@ rm -rf "$out"
 mkdir -p "$out"
 {
     echo "date: $(date -u '+%F %H:%M UTC')"
-    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')"
+    # The outputs themselves do not count as changes.
+    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet -- . ':!BENCHMARKS.md' ':!benches/results' || echo ' (with uncommitted changes)')"
     echo "cores: $(nproc)"
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "kernel: $(uname -r)"
