@@ -3,8 +3,8 @@
 # OpenMPI (benches/compare/mpi_coll.c, mpi_p2p.c) on this machine, over TCP and
 # shared memory, on 2 and 4 ranks, HComm on tokio's multi-thread runtime with the
 # current-thread figures beside it, OSU-style timing (each operation timed alone, an
-# untimed barrier after it). MPICH is not measured: Debian installs its mpicc and
-# mpirun as alternatives of OpenMPI's, so one machine holds one of them at a time.
+# untimed barrier after it). MPICH is not measured yet (Debian's `mpich` package
+# would add `mpicc.mpich` and `mpirun.mpich` beside OpenMPI's).
 #
 #   bash scripts/benchmarks.sh            # sizes 8 B .. 16 MiB
 #   MAX=64M bash scripts/benchmarks.sh
