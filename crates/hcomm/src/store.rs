@@ -294,6 +294,11 @@ async fn serve(
     }
 }
 
+/// Whether `s` is connected to itself (see [`StoreClient::connect`]).
+fn met_itself(s: &TcpStream) -> bool {
+    matches!((s.local_addr(), s.peer_addr()), (Ok(a), Ok(b)) if a == b)
+}
+
 /// A connection to the store.
 #[derive(Debug)]
 pub struct StoreClient {
@@ -320,6 +325,12 @@ impl StoreClient {
         let mut last = String::from("no attempt");
         while Instant::now() < deadline {
             match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+                // A connection to itself: with nothing listening yet on a port in the
+                // ephemeral range, the kernel may give this socket that very port as its
+                // own and join it to itself (TCP's simultaneous open). It is no store.
+                Ok(Ok(s)) if met_itself(&s) => {
+                    last = String::from("the connection met itself (nothing listened there yet)");
+                }
                 Ok(Ok(mut s)) => {
                     let _ = s.set_nodelay(true);
                     let mine = JobKey::nonce();
@@ -413,5 +424,26 @@ impl StoreClient {
             Response::Refused(why) => Err(boot(format!("the rendezvous store at {} refused: {why}", self.addr))),
             other => Err(boot(format!("unexpected store reply {other:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A socket that connects to its own address is joined to itself, as a client
+    /// retrying a store not yet listening on a port in the ephemeral range may be;
+    /// the client must see that, and must not take a real connection for it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_to_itself_is_recognised() {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.set_reuseaddr(true).unwrap();
+        s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let me = s.local_addr().unwrap();
+        let itself = s.connect(me).await.unwrap();
+        assert!(met_itself(&itself));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let other = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        assert!(!met_itself(&other));
     }
 }
