@@ -67,16 +67,6 @@ pub fn env(name: &str) -> Option<String> {
 }
 
 impl Setting {
-    /// The raw value, `None` when unset.
-    pub fn raw(&self, get: impl Fn(&str) -> Option<String>) -> Option<String> {
-        get(self.name)
-    }
-
-    /// Whether the variable is set (to anything).
-    pub fn is_set(&self, get: impl Fn(&str) -> Option<String>) -> bool {
-        get(self.name).is_some()
-    }
-
     fn bad(&self, v: &str, what: &str) -> Error {
         Error::config(format!("{}={v:?} is not {what}", self.name))
     }
