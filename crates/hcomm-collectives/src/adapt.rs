@@ -4,14 +4,10 @@
 //! family the table chooses by size ([`AlgoFamily`]): the allreduce, the broadcast,
 //! the allgather, the reduce-scatter and the alltoall.
 //!
-//! Why: on ranks that share processors, the algorithms' times drift over a job.
-//! On 4 ranks over TCP on 2 processors, Rabenseifner's allreduce got 2-9% slower
-//! after the tuning, and the binomial tree's time is bimodal, so a table fixed at
-//! tuning time lost 0-2 sizes per run by more than 10%;
-//! the allgather and the reduce-scatter lost one size in some runs at 8-16 KiB
-//! blocks; over shared memory, the table chose the chain for 2-16 MiB
-//! broadcasts where the binomial tree was 1.13-1.31x faster head to head, in 10 cells
-//! of 17 sweeps.
+//! Why: on ranks that share processors, the algorithms' times drift over a job, so
+//! a table fixed at tuning time goes stale (the measurements behind this module's
+//! constants are in `docs/tuning-rules.md`; they come from 4 ranks sharing 2
+//! processors only).
 //!
 //! How, for the calls of one family and one *class* (the measured size nearest to
 //! theirs), counted in call order on every rank alike:
@@ -161,20 +157,16 @@ pub const WINDOW: u64 = 16;
 /// The most windows per epoch. The first call of an epoch posts this rank's timings
 /// (8 bytes per candidate) to every other rank, for the epoch after it. Posted
 /// lazily, they leave with the next data to that peer or after the transport's
-/// delay: 1.2-2 ms over TCP for a peer the algorithm in use does not send to
-/// (tokio's timer rounds the delay up to its tick). One window of 4 KiB-block
-/// allgathers on 4 ranks took 0.5 ms, and with agreements a window apart, its calls
-/// waited for them: 2.6x the time. Sent at once, one per window, they cost 15-20% of
-/// that time (a system call and a wake-up at the peer for each, on 2 crowded
-/// processors).
+/// delay, a millisecond or two for a peer the algorithm in use does not send to.
+/// An epoch must outlast that delay, or its calls wait for the agreement; sent at
+/// once instead, each costs a system call and a wake-up at the peer.
 pub const MAX_EPOCH: u64 = 8;
 
 /// Bytes a rank's calls of a class move in an epoch, at least (but for
-/// [`MAX_EPOCH`]): a proxy for its length, known alike on every rank. At loopback
-/// speeds (1-4 GB/s) 8 MiB last a few milliseconds, longer than the timings' delay.
-/// Large calls get epochs of one window, and decide as soon as a window is timed: with
-/// 8-window epochs, the sweep's and duels' 400 automatic allgathers of 128 KiB
-/// blocks were mostly over by the first decision.
+/// [`MAX_EPOCH`]): a proxy for its length, known alike on every rank. At memory
+/// speeds 8 MiB last a few milliseconds, longer than the timings' delay. Large calls
+/// get epochs of one window, and decide as soon as a window is timed, since a job
+/// makes few of them.
 pub const EPOCH_BYTES: usize = 8 << 20;
 
 /// Windows per epoch for a class whose calls move `moved` bytes each (the whole
@@ -187,24 +179,16 @@ pub fn epoch_windows(moved: usize) -> u64 {
 pub const ADAPT_MIN_BYTES: usize = 64 << 10;
 
 /// The smallest block (bytes per rank) of an allgather, a reduce-scatter or an
-/// alltoall the selection adapts. The table alone missed the best allgather by 16-22% at 16-512 B
-/// blocks in some runs on 4 ranks, but adapting there too (a floor of 1 byte) did not
-/// help: two sweeps missed at 32 B and 512 B all the same (1.11-1.12 head to head),
-/// and the automatic choice went over 1.10x in more of the sweep's cells (7-8 against
-/// 1-4), as the algorithms there are within the calls' noise.
+/// alltoall the selection adapts. Below it the algorithms are within the calls'
+/// noise, and adapting only adds switches.
 pub const ADAPT_MIN_BLOCK: usize = 4 << 10;
 
 /// The most timings kept per rank and algorithm in a class (those of classes of
 /// [`MAX_EPOCH`]-window epochs: see [`samples_kept`]): the median of the kept ones
 /// is what the rank sends. An alternative gets one per window it is timed in, the
-/// incumbent one or two. One rank's timings of a 60-80 µs allgather on 4 ranks
-/// sharing 2 processors spread over a range (quartile to quartile) nearly as wide as
-/// their median, and with the median of 7 the agreed time of one algorithm moved
-/// between 62 and 113 µs from epoch to epoch: the selection switched on that noise, the
-/// algorithm it left looking slow and the one it took fast. With 21, the sweeps'
-/// automatic allgather missed the best by over 10% (head to head) in 2 cells of 17
-/// runs over shared memory, against 6 with 7 (2 of those below the 4 KiB floor,
-/// where the table alone decides).
+/// incumbent one or two. Small calls on crowded ranks scatter about as widely as
+/// their median, so a median of few timings moves from epoch to epoch and the
+/// selection would switch on that noise.
 pub const SAMPLES: usize = 21;
 
 /// The fewest timings kept per rank and algorithm (classes of one-window epochs).
@@ -213,19 +197,16 @@ pub const FEW_SAMPLES: usize = 7;
 /// Timings kept per rank and algorithm in a class of `epoch`-window epochs: three
 /// per window of an epoch, from [`FEW_SAMPLES`] to [`SAMPLES`]. Long epochs are
 /// those of small calls, whose times scatter most, and where more timings were
-/// measured to help; large calls keep 7, which missed no cell of
-/// 1 MiB and more there. A longer memory costs where an algorithm's time changes:
+/// measured to help. A longer memory costs where an algorithm's time changes:
 /// a far alternative gets one timing per [`FAR_EVERY`] windows, and its median moves
-/// only once half of its kept timings are new (with 21, after about 350 windows;
-/// with 7, 130). Over TCP, 3 sweeps of each, alternating: no cell over 1.10 either
-/// way.
+/// only once half of its kept timings are new.
 pub fn samples_kept(epoch: u64) -> usize {
     usize::try_from(3 * epoch).unwrap_or(SAMPLES).clamp(FEW_SAMPLES, SAMPLES)
 }
 
 /// Timings an algorithm needs before its median is sent: with fewer, the others
-/// read it as not timed (and time it again if it is near). Calls of 50-100 µs vary
-/// by 30% and more on crowded ranks, and one lucky timing switched the selection.
+/// read it as not timed (and time it again if it is near), so that one lucky timing
+/// cannot switch the selection.
 pub const MIN_SAMPLES: usize = 3;
 
 /// The most algorithms a class weighs: every allreduce the selection chooses from
@@ -234,18 +215,13 @@ pub const MAX_CANDIDATES: usize = 5;
 
 /// An alternative whose agreed time is within this factor of the incumbent's (or
 /// not known yet) is *near*, and timed in turn with the other near ones, in every
-/// window; a farther one only every [`FAR_EVERY`] windows. Run back to back, the
-/// ring's 256 KiB allreduce took 2.2x the tree's on 4 ranks over TCP on 2 processors
-/// (while 1.1x in the tuner's rounds, each after a barrier), and timing such
-/// alternatives in every window cost 10-20% of the time.
-/// With 1.25, allgathers of 4-16 KiB blocks on 4 ranks back to back timed the
-/// algorithms 1.2x behind in every window.
+/// window; a farther one only every [`FAR_EVERY`] windows, since timing a clearly
+/// slower alternative in every window costs more than the selection can win.
 pub const NEAR: f64 = 1.15;
 
 /// How often (in windows) a far alternative is timed: two calls in 512. The first
 /// call of an algorithm after a streak of another is slow (links it alone uses have
-/// been idle): a 256 KiB ring or recursive doubling after tree calls took 1.9-2.7 ms
-/// against 0.4 ms for the tree, so each such timing costs a few milliseconds.
+/// been idle), so each such timing costs several of the incumbent's calls.
 pub const FAR_EVERY: u64 = 32;
 
 /// What a window runs: the incumbent, and the alternative its last two calls run.
@@ -285,21 +261,14 @@ impl Plan {
 }
 
 /// How much faster the other algorithm must be, as agreed, for the ranks to switch:
-/// a margin against switching back and forth on noise. With 3%, allgathers of
-/// 4-16 KiB blocks on 4 ranks over TCP on 2 processors switched among three
-/// algorithms 20-30 times in a sweep, and spent windows on one 10-15% slower.
+/// a margin against switching back and forth on noise.
 pub const SWITCH: f64 = 1.06;
 
 /// How much faster another algorithm must be, as agreed, for the ranks to leave the
 /// table's choice (the tuner's head-to-head duels chose it, which counts for it).
 /// Medians of noisy timings that happen to favour an alternative are what a switch
-/// is made of: over TCP, 4 ranks on 2 processors, allgathers of 4-8 KiB blocks left
-/// recursive doubling (the table's choice and the best forced algorithm in the
-/// sweeps) on leads of 7-10% in an epoch's agreement, and the automatic column then
-/// took 1.11-1.12x the best head to head. Where the table
-/// is off by more (a minute after tuning, the tree's 512 KiB allreduce took 1.25x the
-/// ring's), the selection still leaves it; by less, staying is within
-/// 10% of the best.
+/// is made of, so the table's choice is left only on a lead larger than that noise;
+/// by less, staying is within that margin of the best.
 pub const LEAVE: f64 = 1.10;
 
 /// Medians as agreed, per candidate (nanoseconds; 0 for no timing).
@@ -504,11 +473,8 @@ impl Class {
     /// algorithm. So the alternative's time is that of its second call in a row,
     /// and the incumbent's of calls placed alike. Keeping every call of the
     /// incumbent's biased the comparison wherever other work ran between a class's
-    /// calls: in `algo_sweep`, whose rounds run the automatic choice twice between
-    /// other algorithms, the incumbent's times included the first of each pair,
-    /// slowed by the work before, and each alternative looked 15-30% faster than
-    /// as the incumbent, so that allgathers of 4-16 KiB blocks switched back and
-    /// forth every few windows.
+    /// calls: a first call after other work is slowed by it, and the alternative
+    /// would look faster than the incumbent for that reason alone.
     fn kept(&self, call: u64) -> bool {
         let offset = call % WINDOW;
         (offset == WINDOW - 1 || offset == WINDOW - 3) && self.slot(call - 1) == self.slot(call)
@@ -533,13 +499,9 @@ enum Step {
 /// The incumbent after `prev`, given the agreed times per slot (0: none): the
 /// fastest, if [`SWITCH`] times faster than `prev` ([`LEAVE`] times where `prev` is
 /// slot 0, the table's choice). [`Class::decide`] switches to it only when two
-/// agreements in a row name it. Over shared memory, 4 ranks on 2 processors, the
-/// agreed medians of allgathers of 4-32 KiB blocks move by 20-30% from one epoch to
-/// the next (Bruck's at 8 KiB: 73 µs, then 94 µs), most of all at the first
-/// agreement, made of epoch 0's timings alone: in 24 allgather sweeps, the
-/// selection switched 67 times, 9 of them undone by the very next agreement; with
-/// the second agreement required, 28 times, none undone so, and no sweep cell
-/// fared worse.
+/// agreements in a row name it, since agreed medians move between epochs (most of
+/// all the first, made of epoch 0's timings alone) and a switch on one agreement is
+/// often undone by the next.
 pub fn incumbent(prev: usize, times: &[u64]) -> usize {
     let best = (0..times.len()).filter(|&j| times[j] > 0).min_by_key(|&j| times[j]);
     let margin = if prev == 0 { LEAVE } else { SWITCH };
@@ -657,10 +619,9 @@ fn agreement<T: LocalTransport>(g: &Group<T>, family: &'static str, tag: u32, mi
     for r in (0..g.size()).filter(|&r| r != g.rank()) {
         let peer = g.world_rank(r);
         // Lazily: the frame goes out with the next write to `peer` (or within a
-        // millisecond). Posted at once, it waited in the writer task's queue, and
-        // the data writes behind it went through that task too instead of straight
-        // to the socket: 256 KiB allreduces on 4 ranks over TCP on 2 processors took
-        // 1.3-1.5x their time.
+        // millisecond). Posted at once, it waits in the writer task's queue, and
+        // the data writes behind it then go through that task too instead of
+        // straight to the socket.
         g.transport().post_lazy(peer, h, &msg);
         let key = MatchKey { src: peer, comm: g.comm_id(), seq: ADAPT_SEQ, tag };
         recvs.push((r, peer, mailbox.recv(key)));

@@ -20,23 +20,16 @@ use crate::{OpCtx, bound, check_reduce_op, copy_in, reduce_in};
 /// Target size of one pipelined piece of a ring allreduce. A segment larger than this
 /// is cut into columns that travel the ring independently, so that reducing one piece
 /// overlaps sending the next. At the size from which TCP receives land in their
-/// buffer (`HCOMM_TCP_LAND`, 512 KiB), so that a column's pieces do: with 256 KiB
-/// pieces, which never landed, 2 ranks over TCP took 1.1-1.35x the time at 1-16 MiB
-/// (three interleaved runs); 4 ranks moved within noise.
+/// buffer (`HCOMM_TCP_LAND`, 512 KiB), so that a column's pieces do.
 pub const RING_CHUNK_BYTES: usize = 512 << 10;
 /// Most columns a ring allreduce uses.
 pub const RING_MAX_COLUMNS: usize = 64;
 /// Most columns a ring allreduce uses where its ranks crowd their host
-/// ([`Tuning::crowded`]): larger pieces, fewer of them in flight at once. On 4
-/// ranks over TCP sharing 2 processors, the 64 MiB ring (32 columns of 512 KiB)
-/// took 104-118 ms and 7216 context switches per job, 7 times the 32 MiB ring's
-/// (16 columns); with 16 columns of 1 MiB, 91-94 ms. On 2 ranks (not crowded), 16
-/// columns were 1.1x slower at 64 MiB than 64.
+/// ([`Tuning::crowded`]): larger pieces, fewer of them in flight at once, since
+/// each piece in flight costs context switches the crowded processors pay for.
 pub const RING_MAX_COLUMNS_CROWDED: usize = 16;
 /// From this size the ring is the allreduce of ranks that crowd their host
-/// ([`CostModel::choose_allreduce_crowded`]). Not from 8 MiB: there, over shared
-/// memory, the ring took 1.14x the tree's time (medians of 5 alternations), while
-/// over TCP 0.90-0.96x.
+/// ([`CostModel::choose_allreduce_crowded`]); see that method for why.
 pub const CROWDED_RING_BYTES: usize = 16 << 20;
 
 algo_enum! {
@@ -98,9 +91,8 @@ pub struct CostModel {
     pub spine: LinkCost,
     /// Processor time of one message where the ranks outnumber the processors
     /// ([`Tuning::crowded`]): the system calls and wake-ups at its two ends, without
-    /// the wire's latency that `alpha` holds. 3 µs by default: one 8-byte `writev`
-    /// to a polling reader took its writer 2.2-2.9 µs on the 2-processor hosts
-    /// measured (`benches/compare/msg_ceiling.c`).
+    /// the wire's latency that `alpha` holds. 3 µs by default: about one 8-byte
+    /// `writev` to a polling reader (`benches/compare/msg_ceiling.c` measures it).
     pub msg_work: f64,
 }
 
@@ -360,10 +352,9 @@ impl CostModel {
     /// receiver's out of it), so at most half the processors' worth run at once, and
     /// an algorithm takes at least its [`work`](CostModel::bcast_work) divided by
     /// that. What the chain's pipeline and scatter-allgather's spread gain is
-    /// transfers at the same time: on 4 ranks sharing 2 processors the binomial tree,
-    /// whose transfers are the fewest, took 0.67-0.84x the chain's time at 1-16 MiB
-    /// (medians of four alternated runs),
-    /// where the model without this chose the chain.
+    /// transfers at the same time, which crowded processors cannot give, so the
+    /// binomial tree, whose transfers are the fewest, wins there where the model
+    /// without this bound chose the chain.
     pub fn choose_bcast_crowded(&self, n: usize, bytes: usize, crowded: Option<Crowded>) -> BcastAlgo {
         let Some(c) = Crowded::of(crowded, n) else { return self.choose_bcast(n, bytes) };
         cheapest(&BcastAlgo::ALL, |a| {
@@ -484,25 +475,17 @@ impl CostModel {
     /// [`work`](CostModel::allreduce_work) spread over the processors (see
     /// [`CostModel::choose_bcast_crowded`]). Recursive doubling, the cheapest in time up to
     /// 256 KiB on 4 ranks, moves every rank's whole buffer `log2 n` times, against
-    /// `2(n-1)/n` of it for the others: on 4 ranks sharing 2 processors it took
-    /// 1.3-1.8x the best algorithm's time at 64-256 KiB. The tree, whose work (the
-    /// fewest messages) the bound favours from 128 KiB, competes only where the
-    /// ranks are bound to processors in blocks ([`Crowded::blocks`]): its time
-    /// depends on which ranks share a processor, 178-458 µs at 256 KiB in four
-    /// unbound runs, 182-221 with ranks 0 and 1 on one and 2 and 3 on the other;
-    /// unbound, Rabenseifner's algorithm takes over from 64 KiB.
+    /// `2(n-1)/n` of it for the others. The tree, whose work (the fewest messages)
+    /// the bound favours from 128 KiB, competes only where the ranks are bound to
+    /// processors in blocks ([`Crowded::blocks`]), since its time depends on which
+    /// ranks share a processor; unbound, Rabenseifner's algorithm takes over from
+    /// 64 KiB.
     ///
     /// From [`CROWDED_RING_BYTES`] the ring, whatever the bound says: its pieces
     /// are reduced as they come, while the tree and Rabenseifner's algorithm
     /// receive whole buffers (or halves) before they reduce and pass them on, and
-    /// on 4 ranks over TCP sharing 2 processors that cost the tree 1.15-1.57x the
-    /// ring's time at 8-16 MiB in 6 of 6 tuned sweeps, and 1.04-1.14x (medians of 7
-    /// rounds) at 8-32 MiB in `hcomm-bench` jobs. The tree spent 1.4x the ring's
-    /// processor time per 16 MiB allreduce, most of the difference in the kernel's
-    /// loopback path, not in copies. Over shared
-    /// memory the ring took 0.74-0.96x the tree's time at 32-64 MiB, and the two were
-    /// even at 16 MiB. Below, the tree stays: 1.03-1.15x faster than the ring at 2-4
-    /// MiB over TCP.
+    /// crowded processors cannot hide that wait. The measurements behind the rules
+    /// for crowded hosts are in `docs/tuning-rules.md`.
     pub fn choose_allreduce_crowded(
         &self,
         layout: &Layout,
@@ -588,9 +571,8 @@ impl Measured {
     ///
     /// This runs on every collective call that is not forced, so it compares ratios
     /// in integers: the float version (two `log2` per entry and comparison) cost
-    /// about a microsecond per call with a 22-entry table, measured as a 10–45% gap
-    /// between the automatic choice and the same algorithm forced on 4–8 µs
-    /// shared-memory collectives.
+    /// about a microsecond per call, a visible share of a small shared-memory
+    /// collective.
     fn pick<A: Copy>(&self, table: &[(usize, A)], n: usize, bytes: usize) -> Option<A> {
         if n != self.ranks {
             return None;
@@ -667,7 +649,7 @@ pub enum ArgCheck {
     /// rounds beside the data, and no rank finishes before every signature has been
     /// checked against its own, so that a mismatch fails the operation itself on
     /// every rank. Each such operation then waits for every rank, which costs small
-    /// broadcasts 1.8x their time on 2 ranks and 6x on 4 oversubscribed ones.
+    /// broadcasts a synchronisation they otherwise do without.
     Sync,
 }
 

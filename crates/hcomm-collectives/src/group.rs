@@ -65,9 +65,8 @@ pub enum AlgoPlan<A> {
 
 /// The last selections of one collective, by message size and float-ness, in a few
 /// slots picked by size: the selection (the cost model, with its `log2`s, over every
-/// candidate and link level) took about 9% of a 2-rank 8-byte allreduce's time in
-/// one process, and about 1% of a 2-rank 8-byte broadcast's root (before it was
-/// kept for the other collectives too), and applications repeat their sizes. Emptied
+/// candidate and link level) is a visible share of a small operation's time, and
+/// applications repeat their sizes. Emptied
 /// whenever the tuning or the layout changes. Each slot packs
 /// `bytes << 8 | float << 7 | 1 << 6 | code`.
 #[derive(Debug, Default)]
@@ -978,8 +977,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     /// A large body is better passed pinned where it is made (`pin!(body)`): an
     /// `async fn` keeps its arguments twice (as captured and as the locals they move
     /// to), and the operation's future, copied as it is returned and awaited, grows
-    /// by as much (the rooted collectives' checked body: 3 KiB against 1 with it
-    /// pinned, and 6% of a 2-rank broadcast root's time in copies).
+    /// by as much (the rooted collectives' checked body is three times larger
+    /// unpinned, and copying it shows in a small broadcast root's time).
     pub async fn deadline<R>(&self, body: impl Future<Output = Result<R>>) -> Result<R> {
         // A mismatch an earlier operation's deferred argument check found fails this
         // one (see `ArgCheck::Deferred`).
@@ -989,8 +988,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         let mut body = std::pin::pin!(body);
         // The timer is made when the body first waits: an operation done in its first
         // poll (a broadcast's root, a send handed to the socket) needs none, and
-        // making one (the clock, the runtime's handle, the timer entry) cost such a
-        // root about 3% of its time per operation. It is armed for the next stall
+        // making one (the clock, the runtime's handle, the timer entry) shows in
+        // such a root's time per operation. It is armed for the next stall
         // report (`warning`) or else for the deadline.
         let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
         let mut warn_after = stall_warn_now(self.g.stall_warn);

@@ -221,9 +221,8 @@ const AGREE_TAG: u32 = 0x7fff_ff00;
 /// argument check ended ([`ArgCheck::Deferred`]); the next one waits for the oldest
 /// check first, so that a root running ahead of its receivers keeps a bounded lead.
 /// Check records may wait a millisecond or two to leave (see `post_lazy`), or
-/// over TCP until a few hundred have gathered: a root that starts a broadcast every
-/// 1.5 µs waits for the last rank's records on 4 ranks, and with the delay alone
-/// waited here often enough to take 1.4x the time of its 8 B broadcasts.
+/// over TCP until a few hundred have gathered, so the bound is a few times that
+/// gathering: a smaller one makes a fast root wait here for records still held back.
 pub const MAX_UNCHECKED: usize = 1024;
 
 /// Runs `body`, an operation in which some ranks only send (so that they alone would
@@ -326,8 +325,7 @@ async fn checked_now<T: LocalTransport, R>(
     // The first poll sends the data and the first round's empty message, often to the
     // same peer (always on 2 ranks): gathered, they leave in one write. Written one
     // by one, each by the sending task in its call (TCP's `tcp_direct`), the second
-    // waited for the writer task all the same, and 2-rank broadcasts of 8 B-4 KiB
-    // took 1.15x their time.
+    // waited for the writer task all the same.
     let first =
         std::future::poll_fn(|cx| std::task::Poll::Ready(hcomm_core::transport::gather(|| both.as_mut().poll(cx))))
             .await;

@@ -55,20 +55,11 @@ pub struct MeshOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Congestion {
     /// Reno where the system's default is BBR or CUBIC (Linux's default), else
-    /// the system's (DCTCP, say, which a data centre chose on purpose). Measured over
-    /// loopback:
-    /// - BBR paces every connection's segments at its estimate of the path's
-    ///   bandwidth. With round trips of tens of microseconds that estimate drops
-    ///   after the spurious retransmissions loopback reordering causes, and each
-    ///   64 KiB segment then waits for its pacing slot (`ss -ti`: `ssthresh:8`,
-    ///   pacing at 35 Gbit/s). On 2 ranks, against CUBIC, allreduce of 128 KiB to
-    ///   16 MiB took up to 1.54x the time under BBR (1.0x at 512 KiB), a window of
-    ///   128 KiB `bw` messages 2.6x.
-    /// - CUBIC matched Reno on 2 ranks but took 1.16-1.6x Reno's time for allreduce
-    ///   and broadcast of 64 KiB to 1 MiB on 4 ranks (processes sharing 2 cores).
-    ///
-    /// Reno is built into every Linux kernel and always allowed to unprivileged
-    /// processes.
+    /// the system's (DCTCP, say, which a data centre chose on purpose). BBR paces
+    /// segments at its estimate of the path's bandwidth, which drops after the
+    /// spurious retransmissions of microsecond round trips, and CUBIC was slower
+    /// than Reno where ranks outnumber processors (`docs/tuning-rules.md`). Reno is
+    /// built into every Linux kernel and always allowed to unprivileged processes.
     #[default]
     Auto,
     /// The system's default (`net.ipv4.tcp_congestion_control`), whatever it is.

@@ -332,10 +332,9 @@ impl Assembler {
     }
 
     /// After a fragment read straight into its message, read the next header alone
-    /// ([`Assembler::read_target`]). For TCP connections of ranks that do not
-    /// outnumber the processors: on 4 ranks sharing 2 it made allreduces of 512 KiB
-    /// 1.6x slower and of 1-4 MiB 1.05-1.25x (why, not established), where on 2
-    /// ranks it made those of 1-2 MiB 4-5% faster.
+    /// ([`Assembler::read_target`]), so that the next large fragment is not partly
+    /// read here and copied. Only for TCP connections of ranks that do not outnumber
+    /// the processors, where it was measured to help (`docs/tuning-rules.md`).
     pub fn header_alone(self, on: bool) -> Assembler {
         Assembler { header_alone: on && !self.ring, ..self }
     }
@@ -404,8 +403,7 @@ impl Assembler {
             // Large fragments come in runs (a collective's pieces, a window of large
             // sends): after one, read the next header alone, so that a large
             // fragment's bytes go straight into its message and no 64 KiB of them
-            // is read here and copied over (on 2 ranks, 1 MiB allreduces copied 64
-            // KiB of each 512 KiB piece so). A small frame after a large one costs
+            // is read here and copied over. A small frame after a large one costs
             // a read more.
             let limit = HEADER_LEN - self.buf.len();
             self.buf.reserve(limit);

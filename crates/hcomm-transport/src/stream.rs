@@ -80,9 +80,7 @@ pub struct StreamOptions {
     /// processes between tries (`sched_yield`), as MPI libraries do when ranks
     /// outnumber cores (OpenMPI's `mpi_yield_when_idle`): the rank it waits for then
     /// runs at once instead of after this one's time slice. `hcomm`'s bootstrap turns
-    /// it on where this host runs more ranks than it has cores (`HCOMM_SPIN_YIELD`);
-    /// measured there, small allreduces on 4 ranks over 2 cores took 0.55x the time
-    /// of not spinning, and 0.19x that of spinning without it.
+    /// it on where this host runs more ranks than it has cores (`HCOMM_SPIN_YIELD`).
     pub spin_yield: bool,
     /// With several connections per peer ([`PeerLink::Bundle`]): the least time a
     /// link holding unacknowledged data may go without the peer reporting new bytes
@@ -107,9 +105,8 @@ pub struct StreamOptions {
     /// connection's reader filled ([`hcomm_core::landing`]). Zero: nothing lands. Not
     /// used by io_uring, TLS, several connections per peer, or shared memory; only
     /// with [`StreamOptions::tcp_spin`] on (also where ranks outnumber cores, where it yields to other processes).
-    /// Default [`DEFAULT_TCP_LAND`]: measured on 2 ranks, landing
-    /// took 0.56-0.72x the `bw` time and 0.60-0.85x the broadcast time at 512 KiB to
-    /// 16 MiB, but 1.02-1.10x the time of allreduce and broadcast at 64-256 KiB.
+    /// Default [`DEFAULT_TCP_LAND`], where the copy saved outweighs the receive's
+    /// own reads (`docs/tuning-rules.md`).
     pub tcp_land: usize,
     /// Data messages of at most this many bytes to a peer over a plain tokio TCP
     /// connection are written to the socket by the sending task itself, in its call,
@@ -130,17 +127,16 @@ pub struct StreamOptions {
     /// written in the call complete their sends at once, while fewer than 32
     /// (`EAGER_BACKLOG`) messages wait for that peer's writer (the queue holds its
     /// own copy of each). Such a message is queued when it comes in a burst (within
-    /// 2 µs of the last direct write to the peer, with nothing heard from it since,
-    /// whether or not that send was awaited) or behind messages already waiting for
+    /// `BURST_GAP` of the last direct write to the peer, with nothing heard from it
+    /// since, whether or not that send was awaited) or behind messages already waiting for
     /// the writer, which gathers them into one write. The writer task runs when the
     /// executor next runs it: on a current-thread runtime, at the sending task's
     /// next wait. As MPI's eager sends, a completed send means the buffer may be
     /// reused, not that the bytes left the process; a connection that breaks after
-    /// that fails the operations that come after. Back-to-back 8 B-4 KiB broadcasts
-    /// from their root took 0.31-0.46x their time without on 2 ranks, and
-    /// 0.47-0.83x on 4 ranks sharing 2 processors; exchanges (allreduce, latency)
-    /// are not bursts and do not change. Zero: off
-    /// (`HCOMM_TCP_EAGER`).
+    /// that fails the operations that come after. It pays where a root sends
+    /// faster than its peers receive (bursts of broadcasts); exchanges are not
+    /// bursts and are unaffected. Zero: off (`HCOMM_TCP_EAGER`; measurements in
+    /// `docs/tuning-rules.md`).
     pub tcp_eager: usize,
 }
 
@@ -148,21 +144,16 @@ pub struct StreamOptions {
 /// the last direct write to the same peer, while the future of that write has not
 /// been awaited yet, is queued instead ([`StreamOptions::tcp_direct`]): a window of small sends made before any
 /// is awaited then goes out in the writer task's few large writes, not one system
-/// call each (which halved the message rate of 8-512 byte `bw_bytes` windows). A
-/// lone message, one sent after a reply came (a round trip, 10 µs on loopback), and
-/// one sent after the last was awaited (back-to-back broadcasts from their root,
-/// 1-2 µs apart: queued, each cost a hand-over to the writer task and its own
-/// system call there, 5.0 µs against 3.8 written directly) are written directly.
+/// call each. A lone message, one sent after a reply came, and one sent after the
+/// last was awaited are written directly, since a hand-over to the writer costs
+/// more than the system call it would share.
 /// A message small enough to be sent eagerly ([`StreamOptions::tcp_eager`]) is
 /// queued within this long even after the last send was awaited, unless something
 /// came from the peer since: its send then completes without the hand-over.
 ///
-/// 4 µs, not 2: on 4 ranks sharing 2 processors, a root's back-to-back broadcasts
-/// of 2-4 KiB came 3-5 µs apart, so each went out in its own system call (2.3
-/// writes and 2.9 packets per broadcast at 2 KiB, against 1.1 and 1.3 at 1 KiB,
-/// and 8.1 µs of kernel time against 1.8), and took 1.0-1.3x OpenMPI's time. With 4
-/// µs they took 0.63-0.65x the 2 µs build's time, and 8 B-1 KiB 0.81-0.91x (7
-/// rounds); 2-rank collectives and point-to-point latency did not move.
+/// The gap is a few times one small `writev`, so that a root sending in a loop stays
+/// inside it while an exchange's round trip does not (rule and measurements:
+/// `docs/tuning-rules.md`).
 const BURST_GAP: Duration = Duration::from_micros(4);
 
 /// How many messages may wait for a peer's writer task while sends to that peer
@@ -171,16 +162,14 @@ const BURST_GAP: Duration = Duration::from_micros(4);
 /// sending task that never waits otherwise give the writer its turn.
 pub const EAGER_BACKLOG: usize = 32;
 
-/// Default of [`StreamOptions::tcp_eager`] (`HCOMM_TCP_EAGER`). On 2 ranks,
-/// back-to-back 8 KiB broadcasts took 0.57-0.75x their time with 8 KiB instead of
-/// 4; 16 KiB gained nothing at 16 KiB.
+/// Default of [`StreamOptions::tcp_eager`] (`HCOMM_TCP_EAGER`): the size below
+/// which the eager copy costs less than waiting for the hand-over.
 pub const DEFAULT_TCP_EAGER: usize = 8 << 10;
 
 /// [`StreamOptions::tcp_eager`] where ranks outnumber processors (the bootstrap's
-/// choice when `HCOMM_TCP_EAGER` is not set): there 8-16 KiB broadcasts on 4 ranks
-/// sharing 2 processors took 1.03-1.29x their time with 8 KiB instead of 4, as the
-/// root's queued copies and the writer's larger gathered writes compete with the
-/// receivers for the processors.
+/// choice when `HCOMM_TCP_EAGER` is not set): there the root's queued copies and
+/// the writer's larger gathered writes compete with the receivers for the
+/// processors.
 pub const CROWDED_TCP_EAGER: usize = 4 << 10;
 
 /// How long a frame posted lazily ([`Transport::post_lazy`]) waits for a write to
@@ -1390,7 +1379,7 @@ impl Transport for StreamTransport {
 
     /// Over TCP, the frame waits in the peer's lazy list until the next write to
     /// that peer takes it along (a direct write in the same system call), or until
-    /// its writer task's delay (`LAZY_DELAY`, 0.5 ms) is over. To ourselves, and to peers
+    /// its writer task's delay (`LAZY_DELAY`) is over. To ourselves, and to peers
     /// over shared memory or several connections, it is posted at once.
     fn post_lazy(&self, peer: Rank, mut header: Header, payload: &[u8]) {
         if peer >= self.size || self.links[peer].is_none() || self.direct[peer].is_some() {
@@ -1899,19 +1888,15 @@ const TURN_PATIENCE: Duration = Duration::from_micros(200);
 /// of it in the socket, if no receive waited for it with a buffer of its length, for
 /// such a receive to be posted ([`Assembler::claim_late`]) and the bytes to land in
 /// it, instead of reading them into a pooled buffer the receive copies out of later.
-/// Back-to-back 1 MiB broadcasts on 2 ranks, whose root runs ahead, had landed 1 in
-/// 5 messages: the receive of the next came a few microseconds after its header.
+/// A root running ahead sends the next message's header a few microseconds before
+/// its receive is posted; the patience is a few cross-thread wake-ups.
 const LAND_PATIENCE: Duration = Duration::from_micros(200);
 
 /// [`LAND_PATIENCE`] where ranks outnumber the processors
 /// ([`StreamOptions::spin_yield`]): a receive is posted by a task of a process that
-/// often does not run for a millisecond or more. On 4 ranks sharing 2 processors, the
-/// relay of a 4 MiB binomial broadcast had most of its messages read early and copied
-/// (the root's next message comes while it still forwards the last); with 2 ms, four
-/// alternations took 0.56-0.82x the time (median 0.78) and at 16 MiB 0.88-1.01x.
-/// A message behind a large one whose receive is not
-/// posted waits up to this long, or longer for a larger message
-/// ([`LAND_PATIENCE_PER_MIB`]).
+/// often does not run for a millisecond or more (a scheduler's time slice). A
+/// message behind a large one whose receive is not posted waits up to this long, or
+/// longer for a larger message ([`LAND_PATIENCE_PER_MIB`]).
 const LAND_PATIENCE_CROWDED: Duration = Duration::from_millis(2);
 
 /// Where ranks outnumber the processors, a large message's receive may be posted
@@ -1919,12 +1904,8 @@ const LAND_PATIENCE_CROWDED: Duration = Duration::from_millis(2);
 /// forwarded the last, and forwarding takes time in proportion to the message. So the
 /// reader leaves a message's bytes in the socket for this long per MiB of it, if that
 /// is more than [`LAND_PATIENCE_CROWDED`], up to [`LAND_PATIENCE_MOST`]: a message
-/// behind it waits about as long as the large one takes to move at 1 GB/s. On 4 ranks
-/// sharing 2 processors, the relay of 64 MiB broadcasts read 5-7 of 12 messages early
-/// with 2 ms (copied into pooled buffers, 53-82 ms a broadcast) and none with 100 ms
-/// (38-43 ms). With this rule (64 ms there), 64 MiB broadcasts took 0.48-0.63x the
-/// time of 2 ms and 16-32 MiB 0.76-0.87x, in rounds of both orders; allreduces did
-/// not move.
+/// behind it waits about as long as the large one takes to move at 1 GB/s, a
+/// conservative memory-copy speed (measurements: `docs/tuning-rules.md`).
 const LAND_PATIENCE_PER_MIB: Duration = Duration::from_millis(1);
 
 /// The most a reader leaves a message's bytes in the socket for its receive

@@ -53,11 +53,9 @@ pub struct Config {
     /// Where this host runs more ranks of the job than it has cores: the TCP readers
     /// keep their spin but give the processor away between tries
     /// ([`StreamOptions::spin_yield`]), and the shared-memory rings do not spin. A
-    /// rank that polls without yielding holds a core the rank it waits for needs
-    /// (measured: 4 ranks on 2 cores took 2–3× longer for small allreduces with the
-    /// spins on); one that yields lets it run at once, as MPI libraries do when
-    /// oversubscribed (small allreduces then took 0.55x the time of not spinning at
-    /// all). On by default; setting `HCOMM_TCP_SPIN_US`, `HCOMM_SHM_SPIN_US` or
+    /// rank that polls without yielding holds a core the rank it waits for needs;
+    /// one that yields lets it run at once, as MPI libraries do when
+    /// oversubscribed. On by default; setting `HCOMM_TCP_SPIN_US`, `HCOMM_SHM_SPIN_US` or
     /// `HCOMM_SPIN_YIELD` turns it off (the spins are then as set or by default).
     pub auto_spin: bool,
     /// Where this host runs more ranks of the job than it has cores, small sends are
@@ -71,9 +69,7 @@ pub struct Config {
     /// blocks in rank order (with 4 ranks on 2 processors: 0 and 1 on the first, 2
     /// and 3 on the second), as MPI launchers map ranks by core. Left to the
     /// scheduler, which ranks share a processor changes from run to run, and with it
-    /// the collectives' times: on 4 ranks and 2 processors the binomial allreduce of
-    /// 256 KiB took 182-221 µs with ranks 0 and 1 sharing one, 449-479 with 0 and 2 or
-    /// 0 and 3, and 275-458 unbound. `HCOMM_BIND=0` turns it off; on
+    /// the collectives' times. `HCOMM_BIND=0` turns it off; on
     /// by default for a rank of its own process ([`Config::from_env`]), off in
     /// [`Config::new`] (ranks that share a process would bind each other's threads).
     pub bind: bool,

@@ -647,8 +647,8 @@ impl<T: LocalTransport> Communicator<T> {
     /// the bytes over with [`Communicator::send_bytes`]. A small message
     /// over a plain TCP connection (up to `HCOMM_TCP_EAGER` bytes; by default 8 KiB,
     /// or 4 KiB where the host runs more ranks than it has processors) that is queued
-    /// rather than written in the call (it comes within 2 µs of the last one written
-    /// to `dst` with nothing received from `dst` since, or behind messages already
+    /// rather than written in the call (it comes in a burst, a few microseconds after
+    /// the last one written to `dst` with nothing received from `dst` since, or behind messages already
     /// waiting for the connection's writer) completes when its copy
     /// is queued, as an MPI eager send: the writer task writes what waits in one
     /// system call when the executor next runs it (on a current-thread runtime, when

@@ -3,8 +3,8 @@
 //! alternatives the adaptive selection keeps timing.
 //!
 //! A cost model (even a calibrated one) misses what this machine does under load:
-//! on a 2-core VM running 4 ranks, the binomial tree beats recursive doubling below
-//! 64 KiB because fewer messages are in flight at once, and the ring's pipelining
+//! where ranks share processors, the binomial tree beats recursive doubling at small
+//! sizes because fewer messages are in flight at once, and the ring's pipelining
 //! pays off at other sizes than the α–β model predicts. Measuring is what Open MPI's
 //! tuned decision files and NCCL's tuner plugins do too.
 
@@ -42,9 +42,9 @@ pub struct TuneOptions {
     /// time a job gets that calls the collective at that size again and again. Off,
     /// a timed run follows whichever algorithm the round's shuffle put before it, and
     /// on ranks that share processors that costs the one after a switch between
-    /// patterns (the ring's, recursive doubling's) 40-70 µs on a 120 µs allgather,
-    /// which the duels then charge to whichever switched
-    /// more often. On by default; it doubles the tuning time.
+    /// patterns (the ring's, recursive doubling's) a large share of a small call,
+    /// which the duels then charge to whichever switched more often. On by default;
+    /// it doubles the tuning time.
     pub primed: bool,
 }
 
@@ -180,8 +180,7 @@ impl<T: LocalTransport> Communicator<T> {
     /// timing while the job runs ([`hcomm_collectives::adapt`], `HCOMM_ADAPT`).
     /// Collective.
     ///
-    /// Takes 16-17 s for 16 MiB on 4 ranks sharing 2 processors over loopback TCP
-    /// (primed; 10 s unprimed); the table is for this
+    /// Takes seconds up to 16 MiB, and about twice as long primed; the table is for this
     /// communicator's rank count (a split communicator falls back to the cost model).
     ///
     /// # Errors
@@ -300,10 +299,8 @@ impl<T: LocalTransport> Communicator<T> {
         }
         // Two contenders or more: duels, the first pass's best first, each winner
         // against the next. Timed together, three or four algorithms rank otherwise
-        // than two at a time: on 4 ranks over TCP the ring and recursive doubling's
-        // allgather of 1 MiB blocks measured 2.70 and 2.72 ms among four columns,
-        // while head to head recursive doubling took 1.31-1.40x the ring's time;
-        // the duels are the measurement the selection is checked by.
+        // than two at a time (close among four, far apart head to head); the duels
+        // are the measurement the selection is checked by.
         let row = &f.first[i];
         set.sort_by(|&a, &b| row[a].total_cmp(&row[b]));
         let reps = if close(row) { 2 * reps } else { reps };
@@ -359,26 +356,21 @@ impl<T: LocalTransport> Communicator<T> {
 
 /// How far behind the best of the first pass an algorithm may be at a size and still
 /// be timed again. The first pass runs every algorithm of a family in each round
-/// (shuffled, a barrier before each); algorithms far behind (recursive doubling
-/// at 4 MiB takes 1.5x the others on 4 ranks) then shape the rounds the close ones
-/// are timed in. On 4 ranks over TCP the binomial tree and Rabenseifner's allreduce
-/// measured within 1-5% of each other at 1-4 MiB that way, while alternating alone
-/// (3 blocks of 45 rounds) the tree took 1.12-1.22x Rabenseifner's time, and back
-/// to back 1.1-1.5x at 4 MiB.
+/// (shuffled, a barrier before each); algorithms far behind then shape the rounds
+/// the close ones are timed in and hide their differences, so later passes time
+/// only the close ones.
 const CONTEND: f64 = 1.25;
 
 /// How far behind the first pass's best at a size an algorithm may be and still be
 /// an alternative the adaptive selection keeps timing while the job runs
-/// (`hcomm_collectives::adapt`). Times move that far: on 4 ranks over TCP on 2
-/// processors, the ring's 1 MiB allreduce took 1.27x Rabenseifner's in a tuner's
-/// first pass and 0.92x a minute later. Each window of 16
-/// calls runs an alternative twice, so one 1.5x behind costs at most 6% there.
+/// (`hcomm_collectives::adapt`), since times on a shared machine move that far
+/// within a job. Each window of 16 calls runs an alternative twice, so one 1.5x
+/// behind costs at most 6% there.
 const ALTERNATIVE: f64 = 1.5;
 
 /// How near the first pass's two best algorithms at a size must be for a later pass
-/// to time them twice as often again: the later passes' medians of 10-16 rounds
-/// (at 1-16 MiB) had picked, at 4 sizes in 422, an algorithm that took 1.11-1.23x
-/// the other's time in head-to-head blocks of 135 rounds each.
+/// to time them twice as often again, since a median of few rounds then picks the
+/// slower one now and then.
 const CLOSE: f64 = 1.10;
 
 /// Duels among `k` contenders (indices `0..k`, the presumed best first): 0 against
@@ -406,10 +398,8 @@ fn close(times: &[f64]) -> bool {
 
 /// The algorithms (indices) a pass times at size `i`: all in the first pass, then
 /// those within [`CONTEND`] of the first pass's best there, and the first pass's
-/// best at each neighbouring size. The times are smooth in the size while a shared
-/// machine's noise is not: on 4 ranks over shared memory the binomial broadcast,
-/// fastest at 2 and 8 MiB, measured more than 1.25x the chain's time at 4 MiB in a
-/// first pass, was left out, and the chain kept 4 MiB at 1.37x its time head to head.
+/// best at each neighbouring size: the times are smooth in the size while a shared
+/// machine's noise is not, so a neighbour's best is worth timing again.
 fn contenders(pass: usize, first: &[Vec<f64>], i: usize) -> Vec<usize> {
     let row = &first[i];
     let near: Vec<usize> = [i.checked_sub(1), Some(i + 1)]
@@ -498,12 +488,8 @@ fn record(pass: usize, first: &mut [f64], later: &mut [f64], set: &[usize], time
 ///
 /// The choice was once the best of times smoothed over both neighbouring sizes
 /// (weights 1, 4, 1) for every algorithm, on the view that the curves are smooth in
-/// the size. They are not near the crossovers: on 4 ranks bound to 2 processors over
-/// TCP, Rabenseifner's allreduce was the fastest at 64 KiB, the ring at 128 KiB and
-/// the tree at 256 KiB. The later pass measured the ring 6-7% ahead of the tree at
-/// 128 KiB, and the smoothing still chose the tree, from the ring's 1.2-1.4x at the
-/// sizes around, in every one of 5 runs; the tree took 1.12-1.14x the ring's time
-/// head to head there.
+/// the size. They are not near the crossovers, where smoothing chose an algorithm
+/// slower head to head, so neighbours only break near-ties.
 const TIE: f64 = 1.03;
 
 /// How far above the smallest sizes' best time the best at a size may be for that size
@@ -512,16 +498,8 @@ const TIE: f64 = 1.03;
 /// Below that, the bytes are under a fifth of an operation's time, and the algorithms
 /// differ by their steps and their pattern of peers, which do not change with the
 /// size; a lead that comes and goes from one size to the next there is the machine's
-/// noise. On 4 ranks over shared memory, Bruck's allgather took 0.93-1.39x recursive
-/// doubling's time (median 1.10) at 8 B-32 KiB blocks in 42 sweeps, more in 536 of
-/// the 546 cells, while the tuner's duels of 80-160 rounds at each size put another
-/// ahead at 24 of 216 sizes below 4 KiB in 24 of those runs, and the selection then
-/// took up to 1.21x the best there.
-/// The tuner's noise comes in phases longer than one size's duel: in one run Bruck's
-/// led at 256 and 512 B (by 9-10%) and trailed by 9-15% at 1-4 KiB. Replaying 38
-/// tuners' timings, a choice per size picked another than recursive doubling at 36
-/// of 342 sizes below 4 KiB, pooling two sizes either way at 7, and pooling the whole
-/// run at none.
+/// noise, which comes in phases longer than one size's duel, so the whole run is
+/// pooled rather than a few neighbours.
 ///
 /// The crossovers seen so far lie well above the run (the alltoall's Bruck and
 /// pairwise exchange at 32-64 KiB blocks on shared memory, where the times have
