@@ -48,8 +48,7 @@ mkdir -p "$out"
 } >"$out/machine.txt"
 
 for transport in tcp shm; do
-    # OpenMPI's own transports for the same paths: TCP alone, or shared memory (vader).
-    case $transport in
+    # OpenMPI's own transports for the same paths: TCP alone, or shared memory (vader);
     # MPICH: local peers through UCX's TCP transport, or its own shared memory.
     case $transport in
     tcp) btl="self,tcp" mpich_env=(MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self) ;;
