@@ -863,7 +863,13 @@ impl StreamTransport {
                     }
                     polled[peer] = Some(Arc::downgrade(&inbox) as std::sync::Weak<dyn hcomm_core::mailbox::PollLink>);
                     beats.push((peer, Beat::Tcp(Arc::downgrade(&inbox))));
-                    let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin, opts.spin_yield));
+                    // Where receives spin on the socket themselves on a multi-thread
+                    // runtime, a reader spinning on another worker between messages
+                    // races them for each message, and each message it wins costs a
+                    // wake-up of the receive's thread. On a current-thread runtime the
+                    // two take turns on one thread and cannot race.
+                    let between = !on_multi_thread_runtime() || opts.recv_spin.is_zero();
+                    let r = tokio::spawn(tcp_read_task(inbox, opts.tcp_spin, between, opts.spin_yield));
                     let wr = tokio_io::TcpWrite(sock);
                     let w = tokio::spawn(write_loop(wr, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle()] }
@@ -2010,6 +2016,10 @@ pub(crate) struct TcpInbox {
     /// Whether the last drain by a receive stopped at another message's body, which
     /// only its own receive or the reader task reads.
     blocked: AtomicBool,
+    /// Whether the last receive that read the socket stopped at a body that does not
+    /// land, which the reader task reads: the reader then spins between messages
+    /// ([`tcp_read_task`]).
+    blocked_by_reader: AtomicBool,
 }
 
 impl std::fmt::Debug for TcpInbox {
@@ -2046,6 +2056,7 @@ impl TcpInbox {
             crowded,
             land,
             blocked: AtomicBool::new(false),
+            blocked_by_reader: AtomicBool::new(false),
         }
     }
 
@@ -2103,6 +2114,7 @@ impl TcpInbox {
                     // Nothing this receive can read until that message is read: no
                     // point in spinning for it (see `PollLink::spin_more`).
                     self.blocked.store(true, Ordering::Relaxed);
+                    self.blocked_by_reader.store(asm.landed_target().is_none(), Ordering::Relaxed);
                     break;
                 }
                 _ => {
@@ -2156,6 +2168,10 @@ impl TcpInbox {
         }
         if let Some(ended) = self.deliver(&mut asm) {
             return ended;
+        }
+        if (owner.is_some() || inline) && reads > 0 && !self.blocked.load(Ordering::Relaxed) {
+            // A receive read its message itself: the reader is not needed for it.
+            self.blocked_by_reader.store(false, Ordering::Relaxed);
         }
         match (reads, turn) {
             (1.., _) => Drained::Some(reads),
@@ -2231,10 +2247,19 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
     }
 }
 
+/// Whether the calling task runs on a multi-thread tokio runtime.
+fn on_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// The reader task of a plain tokio TCP connection: drains it whenever it has data,
 /// trying again for `spin` (yielding to the executor's other tasks) before it waits for
-/// the socket, until the link ends.
-async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration, yield_os: bool) {
+/// the socket, until the link ends. Unless `between`, it spins only while a message is
+/// partly read (the rest of it is on its way) or while the receives wait for it to
+/// read bodies they do not read themselves ([`TcpInbox::drain`]), and otherwise waits
+/// for the socket at once, leaving the next message to the receive that spins for it.
+async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration, between: bool, yield_os: bool) {
     inbox.links.heard_from(inbox.peer);
     let mut idle_since: Option<std::time::Instant> = None;
     loop {
@@ -2258,7 +2283,10 @@ async fn tcp_read_task(inbox: Arc<TcpInbox>, spin: Duration, yield_os: bool) {
             Drained::Nothing if inbox.asm.is_locked() => tokio::task::yield_now().await,
             Drained::Nothing => {
                 let since = *idle_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() < spin {
+                let wanted = between
+                    || inbox.blocked_by_reader.load(Ordering::Relaxed)
+                    || inbox.asm.try_lock().is_none_or(|a| !a.at_rest());
+                if since.elapsed() < spin && wanted {
                     if yield_os {
                         std::thread::yield_now();
                     }
