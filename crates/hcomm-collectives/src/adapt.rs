@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::Shared;
-use hcomm_core::wire::ADAPT_SEQ;
+use hcomm_core::keys::ADAPT_SEQ;
 use hcomm_core::{DType, Error, ErrorKind, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature};
 use parking_lot::Mutex;
 
@@ -498,7 +498,7 @@ enum Step {
 
 /// The incumbent after `prev`, given the agreed times per slot (0: none): the
 /// fastest, if [`SWITCH`] times faster than `prev` ([`LEAVE`] times where `prev` is
-/// slot 0, the table's choice). [`Class::decide`] switches to it only when two
+/// slot 0, the table's choice). `Class::decide` switches to it only when two
 /// agreements in a row name it, since agreed medians move between epochs (most of
 /// all the first, made of epoch 0's timings alone) and a switch on one agreement is
 /// often undone by the next.

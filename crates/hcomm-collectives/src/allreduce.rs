@@ -7,6 +7,7 @@
 //! the end. Every algorithm leaves bitwise identical results on every rank.
 
 use futures::future::{try_join, try_join_all};
+use hcomm_core::keys::{Phase, op_tag, step_tag};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 use hcomm_topology::{Level, Topology};
 
@@ -931,17 +932,16 @@ pub async fn allreduce<T: LocalTransport, E: Element>(
 }
 
 async fn ring<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], op: ReduceOp) -> Result<()> {
-    ring_over(ctx, ctx.ring(), buf, op, 0).await
+    ring_over(ctx, ctx.ring(), buf, op).await
 }
 
 /// Ring allreduce of `buf` among `members` (group ranks in ring order, this rank
-/// among them), with `tag_base` added to every tag.
+/// among them), its steps tagged in [`Phase::Steps`].
 async fn ring_over<T: LocalTransport, E: Element>(
     ctx: &OpCtx<'_, T>,
     members: &[usize],
     buf: &mut [E],
     op: ReduceOp,
-    tag_base: u32,
 ) -> Result<()> {
     let n = members.len();
     if n < 2 {
@@ -956,17 +956,21 @@ async fn ring_over<T: LocalTransport, E: Element>(
         RING_MAX_COLUMNS
     };
     let m = seg_bytes.div_ceil(RING_CHUNK_BYTES).clamp(1, most);
-    try_join_all(carve(buf, n, m).into_iter().enumerate().map(|(c, pieces)| async move {
-        ring_column(ctx, pieces, tag_base | ring_tag(0, c), pos, left, right, op).await
-    }))
+    try_join_all(
+        carve(buf, n, m)
+            .into_iter()
+            .enumerate()
+            .map(|(c, pieces)| async move { ring_column(ctx, pieces, c as u32, pos, left, right, op).await }),
+    )
     .await?;
     Ok(())
 }
 
-/// Tag of phase `phase` of the hierarchical allreduce (ring tags, below 2^26 for
-/// fewer than 2^17 ranks, go beneath).
-fn hier_tag(phase: usize) -> u32 {
-    (phase as u32) << 26
+/// Stage `s` of a hierarchical plan, as its tags' phase counts it ([`Phase::Hier`]):
+/// a plan has a stage per topology level below the top, far fewer than a tag tells
+/// apart.
+fn stage(s: usize) -> u8 {
+    u8::try_from(s).unwrap_or(u8::MAX)
 }
 
 /// The hierarchical allreduce: see [`AllreduceAlgo::Hierarchical`] and [`HierPlan`].
@@ -984,7 +988,7 @@ async fn hierarchical<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &m
         ranges.push((lo, hi));
         let k = st.members.len();
         let at = |j: usize| lo + bound(hi - lo, k, j);
-        let tag = hier_tag(1 + 2 * s);
+        let tag = step_tag(Phase::Hier(stage(s), false), 0);
         let others = || st.members.iter().enumerate().filter(|&(j, _)| j != st.index);
         let recvs: Vec<_> = others().map(|(_, &r)| ctx.recv(r, tag)).collect();
         let sends = try_join_all(others().map(|(j, &r)| ctx.send(r, tag, ctx.payload(&buf[at(j)..at(j + 1)]))));
@@ -999,12 +1003,12 @@ async fn hierarchical<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &m
         try_join(sends, reduce).await?;
         (lo, hi) = (mlo, mhi);
     }
-    ring_over(ctx, &plan.top, &mut buf[lo..hi], inner, 0).await?;
+    ring_over(ctx, &plan.top, &mut buf[lo..hi], inner).await?;
     // Up: each stage's group allgathers the blocks it scattered.
     for (s, st) in plan.stages.iter().enumerate().rev() {
         let (plo, phi) = ranges[s];
         let k = st.members.len();
-        let tag = hier_tag(2 + 2 * s);
+        let tag = step_tag(Phase::Hier(stage(s), true), 0);
         let payload = ctx.payload(&buf[lo..hi]);
         let sends = try_join_all(
             st.members
@@ -1037,8 +1041,8 @@ async fn hierarchical<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &m
     Ok(())
 }
 
-pub(crate) const FOLD_TAG: u32 = 1 << 20;
-pub(crate) const UNFOLD_TAG: u32 = FOLD_TAG + 1;
+pub(crate) const FOLD_TAG: u32 = step_tag(Phase::Fold, 0);
+pub(crate) const UNFOLD_TAG: u32 = step_tag(Phase::Unfold, 0);
 
 /// Folds the ranks beyond the largest power of two `p` into partners: among the first
 /// `2(n-p)` ranks, even ones hand their data to the next odd one and sit out. Returns
@@ -1190,12 +1194,7 @@ async fn ordered<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E
         E::div_count(acc, n);
     }
     let counts: Vec<usize> = (0..n).map(|g| seg(g).len()).collect();
-    ring_allgatherv_in(ctx, buf, &counts, 1 << 16).await
-}
-
-fn ring_tag(step: usize, column: usize) -> u32 {
-    debug_assert!(column < 256 && step < 1 << 18);
-    ((step as u32) << 8) | column as u32
+    ring_allgatherv_in(ctx, buf, &counts, Phase::Allgather).await
 }
 
 /// Cuts `buf` into `n` segments of `m` pieces each and returns them by column:
@@ -1217,8 +1216,8 @@ fn carve<E>(buf: &mut [E], n: usize, m: usize) -> Vec<Vec<&mut [E]>> {
     cols
 }
 
-/// One column of a ring allreduce; `col` is the column's tag bits (its index, and
-/// the tag base of the caller), to which each step's bits are added.
+/// One column of a ring allreduce; `col` is its index, which its tags carry beside
+/// the step ([`op_tag`]).
 async fn ring_column<T: LocalTransport, E: Element>(
     ctx: &OpCtx<'_, T>,
     mut pieces: Vec<&mut [E]>,
@@ -1235,7 +1234,7 @@ async fn ring_column<T: LocalTransport, E: Element>(
     // Reduce-scatter: after step s, the piece received is reduced over s + 2 ranks.
     for s in 0..n - 1 {
         let (send_seg, recv_seg) = ((pos + n - s) % n, (pos + 2 * n - s - 1) % n);
-        let tag = col | ring_tag(s, 0);
+        let tag = op_tag(Phase::Steps, s as u32, col);
         let recv = ctx.recv(left, tag);
         let (src, dst) = send_and_recv(&mut pieces, send_seg, recv_seg);
         try_join(ctx.send_slice(right, tag, src), async move { reduce_in(op, dst, &recv.await?) }).await?;
@@ -1247,7 +1246,7 @@ async fn ring_column<T: LocalTransport, E: Element>(
     // Allgather: pass the reduced pieces on.
     for s in 0..n - 1 {
         let (send_seg, recv_seg) = ((pos + 1 + n - s) % n, (pos + n - s) % n);
-        let tag = col | ring_tag(n - 1 + s, 0);
+        let tag = op_tag(Phase::Steps, (n - 1 + s) as u32, col);
         let (src, dst) = send_and_recv(&mut pieces, send_seg, recv_seg);
         // Posted first, so that the neighbour's message finds it waiting.
         let recv = ctx.recv_into(left, tag, dst);

@@ -33,8 +33,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use hcomm_core::keys::RECORDS_SEQ;
 use hcomm_core::mailbox::RecvFrame;
-use hcomm_core::wire::{RECORDS_SEQ, WireError, records};
+use hcomm_core::wire::{WireError, records};
 use hcomm_core::{Error, ErrorKind, LocalTransport, MatchKey, OpKind, Result, Signature};
 use parking_lot::Mutex;
 
@@ -253,7 +254,7 @@ impl Checks {
                     src: g.world_rank(g.check_prev()),
                     comm: g.comm_id(),
                     seq: RECORDS_SEQ,
-                    tag: crate::AGREE_TAG,
+                    tag: crate::RECORDS_TAG,
                 };
                 g.transport().mailbox().recv_frame(key).passive()
             });

@@ -2,6 +2,7 @@
 //! alltoall(v), allgatherv.
 
 use futures::future::try_join;
+use hcomm_core::keys::{Phase, step_tag};
 use hcomm_core::{Element, Error, ErrorKind, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 use crate::allreduce::{FOLD_TAG, UNFOLD_TAG, pow2_floor, unfolded};
@@ -251,7 +252,7 @@ pub async fn allgatherv<T: LocalTransport, E: Element>(
         recv[off[me]..off[me + 1]].copy_from_slice(send);
         match algo {
             AllgatherAlgo::RecursiveDoubling => doubling_allgatherv_in(&ctx, recv, counts).await,
-            AllgatherAlgo::Ring | AllgatherAlgo::Bruck => ring_allgatherv_in(&ctx, recv, counts, 0).await,
+            AllgatherAlgo::Ring | AllgatherAlgo::Bruck => ring_allgatherv_in(&ctx, recv, counts, Phase::Steps).await,
         }
     };
     let r = ctx.deadline(body).await;
@@ -259,12 +260,12 @@ pub async fn allgatherv<T: LocalTransport, E: Element>(
 }
 
 /// Ring allgatherv within `buf`, where this rank's block (`counts[rank]` elements at
-/// its offset) is already in place; step tags start at `tag`.
+/// its offset) is already in place; its steps are tagged in `phase`.
 pub(crate) async fn ring_allgatherv_in<T: LocalTransport, E: Element>(
     ctx: &OpCtx<'_, T>,
     buf: &mut [E],
     counts: &[usize],
-    tag: u32,
+    phase: Phase,
 ) -> Result<()> {
     let (n, me) = (ctx.size(), ctx.rank());
     let off = offsets(counts);
@@ -274,7 +275,7 @@ pub(crate) async fn ring_allgatherv_in<T: LocalTransport, E: Element>(
     for s in 0..n.saturating_sub(1) {
         let (sb, rb) = (ring[(pos + n - s) % n], ring[(pos + 2 * n - s - 1) % n]);
         let payload = ctx.payload(&buf[off[sb]..off[sb + 1]]);
-        let step_tag = tag + s as u32;
+        let step_tag = step_tag(phase, s as u32);
         let incoming = ctx.recv(left, step_tag);
         let dst = &mut buf[off[rb]..off[rb + 1]];
         try_join(ctx.send(right, step_tag, payload), async move { copy_in(dst, &incoming.await?) }).await?;
@@ -319,7 +320,7 @@ pub async fn allgather<T: LocalTransport, E: Element>(
         match algo {
             AllgatherAlgo::Ring => {
                 recv[me * c..(me + 1) * c].copy_from_slice(send);
-                ring_allgatherv_in(&ctx, recv, &vec![c; n], 0).await
+                ring_allgatherv_in(&ctx, recv, &vec![c; n], Phase::Steps).await
             }
             AllgatherAlgo::Bruck => bruck(&ctx, send, recv).await,
             AllgatherAlgo::RecursiveDoubling => {

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hcomm_core::events;
-use hcomm_core::mailbox::{COMM_ABORT_SEQ, encode_abort};
+use hcomm_core::keys::{COMM_ABORT_SEQ, FIRST_OP_SEQ, RECORDS_SEQ};
+use hcomm_core::mailbox::encode_abort;
 use hcomm_core::{
     Element, Error, ErrorKind, FrameKind, Header, LocalTransport, MatchKey, OpKind, Rank, Result, Signature, Tag,
 };
@@ -20,7 +21,7 @@ use crate::adapt::{Adapt, AdaptChoice, AdaptTicket, AlgoFamily, Contest};
 use crate::allreduce::{AllreduceAlgo, HierPlan, Layout, Tuning};
 use crate::checks::Checks;
 use crate::{AllgatherAlgo, AlltoallAlgo, BcastAlgo, ReduceScatterAlgo};
-use hcomm_core::wire::{RECORD_LEN, RECORDS_SEQ, encode_record};
+use hcomm_core::wire::{RECORD_LEN, encode_record};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -134,6 +135,12 @@ impl<T: LocalTransport> Group<T> {
     /// The group of every rank of `transport`, with communicator id `comm`.
     pub fn world(transport: Arc<T>, comm: u64, topology: Topology, timeout: Duration) -> Result<Group<T>> {
         let size = transport.size();
+        if size > hcomm_core::keys::MAX_RANKS {
+            return Err(Error::invalid(format!(
+                "{size} ranks: a communicator has at most {}",
+                hcomm_core::keys::MAX_RANKS
+            )));
+        }
         if topology.size() != size {
             return Err(Error::invalid(format!("topology of {} ranks for a transport of {size}", topology.size())));
         }
@@ -161,7 +168,7 @@ impl<T: LocalTransport> Group<T> {
             ring: (0..n).collect(),
             hier: Arc::default(),
             layout: Arc::new(Layout::flat(n)),
-            next_seq: AtomicU64::new(1),
+            next_seq: AtomicU64::new(FIRST_OP_SEQ),
             shrinks: AtomicU64::new(0),
             timeout: hcomm_core::saturate(Some(timeout)),
             stall_warn: Some(DEFAULT_STALL_WARN),

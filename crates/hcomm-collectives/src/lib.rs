@@ -66,6 +66,7 @@ mod scan;
 mod shrink;
 
 use futures::future::try_join;
+use hcomm_core::keys::{Phase, step_tag};
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 pub use adapt::{AdaptChoice, AdaptTicket, AlgoFamily, Contest};
@@ -212,10 +213,9 @@ pub fn check_reduce_op<E: Element>(op: ReduceOp) -> Result<()> {
     }
 }
 
-/// Start of part `i` of `total` cut into `parts` near-equal parts.
-/// Tags of the signature agreement's rounds (one per round, far above the
-/// algorithms' own tags).
-const AGREE_TAG: u32 = 0x7fff_ff00;
+/// The tag of the deferred argument checks' record frames (their sequence number,
+/// [`RECORDS_SEQ`](hcomm_core::keys::RECORDS_SEQ), sets them apart).
+pub(crate) const RECORDS_TAG: u32 = step_tag(Phase::Agree, 0);
 
 /// At most this many operations of a group may have returned before their
 /// argument check ended ([`ArgCheck::Deferred`]); the next one waits for the oldest
@@ -242,7 +242,7 @@ pub(crate) fn agreed<'c, T: LocalTransport, R>(
         // (`LocalTransport::post_lazy`), merged with the records of the operations
         // around it. Nobody waits for it: a rank that only receives does not pay a
         // system call per operation to send it.
-        ctx.post_check_lazy((ctx.rank() + 1) % ctx.size(), AGREE_TAG);
+        ctx.post_check_lazy((ctx.rank() + 1) % ctx.size(), RECORDS_TAG);
     }
     async move {
         match check {
@@ -313,8 +313,8 @@ async fn checked_now<T: LocalTransport, R>(
         let me = ctx.rank();
         let (mut dist, mut round) = (1, 0);
         while dist < n {
-            let incoming = ctx.recv((me + n - dist) % n, AGREE_TAG + round);
-            try_join(ctx.send((me + dist) % n, AGREE_TAG + round, bytes::Bytes::new()), incoming).await?;
+            let incoming = ctx.recv((me + n - dist) % n, step_tag(Phase::Agree, round));
+            try_join(ctx.send((me + dist) % n, step_tag(Phase::Agree, round), bytes::Bytes::new()), incoming).await?;
             dist <<= 1;
             round += 1;
         }

@@ -1,6 +1,7 @@
 //! Rooted collectives: broadcast, reduce, gather(v), scatter(v).
 
 use futures::future::try_join_all;
+use hcomm_core::keys::Phase;
 use hcomm_core::{Element, Error, LocalTransport, OpKind, ReduceOp, Result, Signature};
 
 use crate::{OpCtx, agreed, check_reduce_op, counts_hash, offsets, reduce_in};
@@ -108,7 +109,7 @@ async fn bcast_scatter_allgather<T: LocalTransport, E: Element>(
     } else {
         ctx.recv_into(root, 0, &mut buf[off[me]..off[me + 1]]).await?;
     }
-    crate::exchange::ring_allgatherv_in(ctx, buf, &counts, 1).await
+    crate::exchange::ring_allgatherv_in(ctx, buf, &counts, Phase::Allgather).await
 }
 
 async fn bcast_chain<T: LocalTransport, E: Element>(ctx: &OpCtx<'_, T>, buf: &mut [E], root: usize) -> Result<()> {

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod dtype;
 pub mod error;
 pub mod events;
+pub mod keys;
 pub mod landing;
 pub mod mailbox;
 pub mod op;

@@ -101,8 +101,9 @@ impl Frame {
     }
 }
 
-/// What a receive matches on. Point-to-point messages use `seq == 0`; collectives
-/// use their sequence number (from 1) and a tag of their own (step, chunk).
+/// What a receive matches on. Point-to-point messages use
+/// [`P2P_SEQ`](crate::keys::P2P_SEQ); collectives use their sequence number and a tag
+/// of their own ([`crate::keys`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MatchKey {
     /// World rank of the sender.
@@ -349,9 +350,6 @@ impl std::fmt::Debug for Mailbox {
 }
 
 const NO_PEER: u32 = u32::MAX;
-
-/// The sequence number an abort frame carries when it aborts the whole communicator.
-pub const COMM_ABORT_SEQ: u64 = u64::MAX;
 
 /// Tells a receive's landing that the receive is gone, when its future is dropped (or
 /// done).
@@ -699,7 +697,7 @@ impl Mailbox {
                 // rank, say), or else the aborting rank.
                 let (kind, peer, reason) = decode_abort(&frame.payload);
                 let origin = peer.unwrap_or(h.src as Rank);
-                if h.seq == COMM_ABORT_SEQ {
+                if h.seq == crate::keys::COMM_ABORT_SEQ {
                     let err = Error::new(kind, reason).with_peer(origin).with_origin(origin);
                     self.abort_comm(h.comm, err);
                     return;

@@ -114,7 +114,7 @@ pub trait LocalTransport {
     /// collectives), so that a rank that only receives does not pay a system call
     /// per message to answer. A transport that holds it may merge it into the last
     /// frame it holds for `peer` if both are signature record frames of one key
-    /// ([`RECORDS_SEQ`](crate::wire::RECORDS_SEQ)). By default, posted at once.
+    /// ([`RECORDS_SEQ`](crate::keys::RECORDS_SEQ)). By default, posted at once.
     fn post_lazy(&self, peer: Rank, header: Header, payload: &[u8]) {
         self.post(peer, header, Bytes::copy_from_slice(payload));
     }

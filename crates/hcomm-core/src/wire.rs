@@ -185,29 +185,12 @@ fn codes(op: u8, dtype: u8, reduce: u8) -> Result<(OpKind, Option<DType>, Option
     Ok((op, dtype, reduce))
 }
 
-/// The sequence number of *signature record frames*: data frames whose payload is a
-/// run of [`RECORD_LEN`]-byte records, each an operation's sequence number and
-/// signature ([`encode_record`]). The deferred argument checks of the collectives
-/// send them. A transport that holds small frames back
-/// ([`post_lazy`](crate::LocalTransport::post_lazy)) may merge two such frames with
-/// the same key into one, their payloads concatenated in order: the receiver reads
-/// the records, not the frames. Collectives number their operations from 1, and
-/// [`COMM_ABORT_SEQ`](crate::mailbox::COMM_ABORT_SEQ) is `u64::MAX`, so no other
-/// frame has it.
-pub const RECORDS_SEQ: u64 = u64::MAX - 1;
-
-/// The sequence number of the frames that carry the adaptive selection's
-/// timings between ranks (crate `hcomm-collectives`, module `adapt`): one
-/// little-endian `u64` per candidate algorithm, tagged with the number of the
-/// agreement they belong to. No collective or record frame has it.
-pub const ADAPT_SEQ: u64 = u64::MAX - 2;
-
 /// Length of one signature record: sequence number u64, count u64, operation kind
 /// u8, element type u8 (0: none), reduce operator u8 (0: none), algorithm u8, root
 /// u32 (`u32::MAX`: none); little-endian.
 pub const RECORD_LEN: usize = 24;
 
-/// The record of operation `seq` with signature `sig` (see [`RECORDS_SEQ`]).
+/// The record of operation `seq` with signature `sig` (see [`RECORDS_SEQ`](crate::keys::RECORDS_SEQ)).
 pub fn encode_record(seq: u64, sig: &Signature) -> [u8; RECORD_LEN] {
     let mut b = [0u8; RECORD_LEN];
     b[0..8].copy_from_slice(&seq.to_le_bytes());

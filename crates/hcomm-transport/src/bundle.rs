@@ -15,7 +15,7 @@
 //! the stall limit, while another link shows the peer still receiving (it reported
 //! bytes within the limit, or it has nothing in transit while the peer is still
 //! heard: a receiver whose prefix a hole holds back repeats its acknowledgement every
-//! [`HOLE_ACK`]), is suspected: every segment it holds is queued again, at the front,
+//! `HOLE_ACK`), is suspected: every segment it holds is queued again, at the front,
 //! on the other links, so the holes fill first. A link that breaks (an error, or an end of stream
 //! before the peer's close frame) has its segments moved the same way. When every
 //! link is silent, the peer itself is slow or gone and nothing moves: the peer

@@ -24,11 +24,11 @@
 //! Two shortcuts spare small messages the hand-overs between tasks (each costs a trip
 //! through the executor, microseconds on a busy machine):
 //!
-//! - *Direct sends* ([`ShmOut::send`]): a send of up to 64 KiB whose writer task holds
+//! - *Direct sends* (`ShmOut::send`): a send of up to 64 KiB whose writer task holds
 //!   nothing writes its frame into the ring itself, at the call, and completes at
 //!   once. A counter of the messages the writer task holds, under the same lock,
 //!   keeps the order: while it is not zero, sends queue behind them.
-//! - *Receives that poll* ([`ShmInbox`], [`hcomm_core::mailbox::Progress`]): the
+//! - *Receives that poll* (`ShmInbox`, [`hcomm_core::mailbox::Progress`]): the
 //!   parser of the ring sits behind a lock that the reader task and a waiting receive
 //!   both try, so a receive whose peer is reached this way reads the ring whenever it
 //!   is polled, and keeps polling inside its poll for

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use hcomm_core::wire::{FrameKind, RECORDS_SEQ};
+use hcomm_core::keys::RECORDS_SEQ;
+use hcomm_core::wire::FrameKind;
 use hcomm_core::{Error, ErrorKind, Frame, Header, Mailbox, OpKind, Rank, Result, Transport};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
@@ -105,7 +106,7 @@ pub struct StreamOptions {
     /// connection's reader filled ([`hcomm_core::landing`]). Zero: nothing lands. Not
     /// used by io_uring, TLS, several connections per peer, or shared memory; only
     /// with [`StreamOptions::tcp_spin`] on (also where ranks outnumber cores, where it yields to other processes).
-    /// Default [`DEFAULT_TCP_LAND`], where the copy saved outweighs the receive's
+    /// Default `DEFAULT_TCP_LAND` (512 KiB), where the copy saved outweighs the receive's
     /// own reads (`docs/tuning-rules.md`).
     pub tcp_land: usize,
     /// Data messages of at most this many bytes to a peer over a plain tokio TCP

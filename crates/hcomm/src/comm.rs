@@ -9,6 +9,7 @@ use futures::future::Either;
 use hcomm_collectives as coll;
 use hcomm_collectives::Group;
 use hcomm_core::events;
+use hcomm_core::keys::{P2P_SEQ, RESERVED_TAGS};
 use hcomm_core::{
     DType, Element, Error, ErrorKind, Frame, Header, LocalTransport, MatchKey, OpKind, ReduceOp, Result, Signature, Tag,
 };
@@ -17,10 +18,6 @@ use hcomm_transport::StreamTransport;
 use tracing::Instrument;
 
 use crate::store::StoreServer;
-
-/// Point-to-point tags from this value up are used by the library itself
-/// ([`Communicator::calibrate`]); applications should use tags below it.
-pub const RESERVED_TAGS: Tag = 0xFFFF_FF00;
 
 /// The longest [`Communicator::finalize`] waits for its peers: a rank that finishes
 /// should not hang on one that never will, whatever the operations' timeout.
@@ -714,7 +711,7 @@ impl<T: LocalTransport> Communicator<T> {
         let aborted = self.group.aborted().map_or(Ok(()), |e| Err(e.in_op(OpKind::Send, None).at_rank(self.rank())));
         let queued = aborted.and_then(|()| self.check_peer(dst, OpKind::Send)).map(|world| {
             events::message(me as u32, world as u32, OpKind::Send, true, len as u64, Duration::ZERO);
-            let h = Header::data(me, self.group.comm_id(), 0, tag, &sig, len);
+            let h = Header::data(me, self.group.comm_id(), P2P_SEQ, tag, &sig, len);
             (world, self.group.p2p_deadline(OpKind::Send, dst, tag, start(world, h)))
         });
         let (world, op, err) = match queued {
@@ -754,7 +751,7 @@ impl<T: LocalTransport> Communicator<T> {
     ) -> Received<'_, T, F> {
         let start_time = events::Stopwatch::start();
         let posted = self.check_peer(src, OpKind::Recv).map(|world| {
-            let key = MatchKey { src: world, comm: self.group.comm_id(), seq: 0, tag };
+            let key = MatchKey { src: world, comm: self.group.comm_id(), seq: P2P_SEQ, tag };
             (world, self.group.p2p_deadline(OpKind::Recv, src, tag, start(key)))
         });
         let (world, op, err) = match posted {
@@ -1494,7 +1491,7 @@ fn p2p_done(me: usize, op: OpKind, peer: usize, bytes: u64, start: events::Stopw
     events::op_done(events::OpDone {
         rank: me as u32,
         op,
-        seq: 0,
+        seq: P2P_SEQ,
         algo: "direct",
         bytes,
         elapsed: start.elapsed(),

@@ -53,11 +53,12 @@ mod tune_file;
 pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, local_placement};
 /// The byte buffers of `send_bytes` and `recv_bytes`.
 pub use bytes::Bytes;
-pub use comm::{Communicator, RESERVED_TAGS};
+pub use comm::Communicator;
 pub use hcomm_collectives::{
     AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, ArgCheck, BcastAlgo, CostModel, Crowded, Measured, Quiet,
     ReduceScatterAlgo, Tuning, quiet,
 };
+pub use hcomm_core::keys::RESERVED_TAGS;
 pub use hcomm_core::settings;
 pub use hcomm_core::{
     DType, Element, Error, ErrorKind, JobKey, LocalTransport, OpKind, Rank, ReduceOp, Result, Tag, Transport, bf16, f16,

@@ -78,7 +78,8 @@ async fn lazy_frames_arrive_alone_and_along_with_other_writes() {
 /// starts a new one, and lazy frames of other sequence numbers are never merged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lazy_record_frames_of_one_key_merge_in_order() {
-    use hcomm_core::wire::{RECORD_LEN, RECORDS_SEQ, decode_records, encode_record};
+    use hcomm_core::keys::RECORDS_SEQ;
+    use hcomm_core::wire::{RECORD_LEN, decode_records, encode_record};
     let comms = hcomm::local_tcp(2).await.unwrap();
     let (ta, mb) = (comms[0].transport(), comms[1].transport().mailbox().clone());
     let wait = Duration::from_secs(20);
