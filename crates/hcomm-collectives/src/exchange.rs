@@ -275,10 +275,10 @@ pub(crate) async fn ring_allgatherv_in<T: LocalTransport, E: Element>(
     for s in 0..n.saturating_sub(1) {
         let (sb, rb) = (ring[(pos + n - s) % n], ring[(pos + 2 * n - s - 1) % n]);
         let payload = ctx.payload(&buf[off[sb]..off[sb + 1]]);
-        let step_tag = step_tag(phase, s as u32);
-        let incoming = ctx.recv(left, step_tag);
+        let tag = step_tag(phase, s as u32);
+        let incoming = ctx.recv(left, tag);
         let dst = &mut buf[off[rb]..off[rb + 1]];
-        try_join(ctx.send(right, step_tag, payload), async move { copy_in(dst, &incoming.await?) }).await?;
+        try_join(ctx.send(right, tag, payload), async move { copy_in(dst, &incoming.await?) }).await?;
     }
     Ok(())
 }

@@ -313,8 +313,9 @@ async fn checked_now<T: LocalTransport, R>(
         let me = ctx.rank();
         let (mut dist, mut round) = (1, 0);
         while dist < n {
-            let incoming = ctx.recv((me + n - dist) % n, step_tag(Phase::Agree, round));
-            try_join(ctx.send((me + dist) % n, step_tag(Phase::Agree, round), bytes::Bytes::new()), incoming).await?;
+            let tag = step_tag(Phase::Agree, round);
+            let incoming = ctx.recv((me + n - dist) % n, tag);
+            try_join(ctx.send((me + dist) % n, tag, bytes::Bytes::new()), incoming).await?;
             dist <<= 1;
             round += 1;
         }
