@@ -322,6 +322,13 @@ pub trait PollLink: Send + Sync {
     /// The spin that called [`PollLink::hold`] ended.
     fn release(&self) {}
 
+    /// A receive that polled the link waits to be woken: whoever reads the link
+    /// next must deliver at once. Undone by [`PollLink::unparked`].
+    fn parked(&self) {}
+
+    /// A receive counted by [`PollLink::parked`] is polled again, or went away.
+    fn unparked(&self) {}
+
     /// Whether a spinning receive may go on polling after a poll that brought it
     /// nothing (a link can tell when nothing the receive may read can come before
     /// some other task has run). Asked after every poll of a spin.
@@ -379,6 +386,31 @@ pub struct RecvFrame {
     spin: bool,
     /// When its spin ends, once it began.
     spin_end: Option<Instant>,
+    /// The link it told it waits, until it is polled again or dropped.
+    parked_on: Option<ParkedOn>,
+}
+
+/// A receive's wait, as its link knows it ([`PollLink::parked`]); dropping it tells
+/// the link the wait is over ([`PollLink::unparked`]).
+struct ParkedOn(Arc<dyn PollLink>);
+
+impl ParkedOn {
+    fn new(link: Arc<dyn PollLink>) -> ParkedOn {
+        link.parked();
+        ParkedOn(link)
+    }
+}
+
+impl Drop for ParkedOn {
+    fn drop(&mut self) {
+        self.0.unparked();
+    }
+}
+
+impl std::fmt::Debug for ParkedOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ParkedOn")
+    }
 }
 
 /// Where a [`RecvFrame`] stands.
@@ -418,6 +450,7 @@ impl RecvFrame {
         // message the poll itself reads is taken without a wake-up of this task (which
         // registering first would cost).
         let mut yielding = false;
+        self.parked_on = None;
         if let Some(p) = &self.progress {
             let deadline = self.spin.then_some(&mut self.spin_end);
             let polled = match &self.owner {
@@ -438,7 +471,7 @@ impl RecvFrame {
                     return Poll::Ready(r.unwrap_or_else(|_| Err(closed())));
                 }
                 Polled::Yield => yielding = true,
-                Polled::Wait => {}
+                Polled::Wait(link) => self.parked_on = link.map(ParkedOn::new),
             }
         }
         if let Some(OwnerGuard(l)) = &self.owner {
@@ -536,8 +569,9 @@ impl<'a> Future for RecvFrameInto<'a> {
 enum Polled {
     /// The receive's outcome (`Err(())`: the mailbox went away).
     Done(std::result::Result<Result<Frame>, ()>),
-    /// Nothing yet, and no more spinning: wait to be woken.
-    Wait,
+    /// Nothing yet, and no more spinning: wait to be woken (by the reader of this
+    /// link, if there is one to tell).
+    Wait(Option<Arc<dyn PollLink>>),
     /// Nothing yet, and this rank has work queued for its other tasks: give the
     /// thread back to the executor for a moment, and poll again soon.
     Yield,
@@ -563,22 +597,52 @@ fn poll_link(
     if let Some(r) = check(rx) {
         return Polled::Done(r);
     }
-    let Some(link) = (p.link)(src) else { return Polled::Wait };
+    let Some(link) = (p.link)(src) else { return Polled::Wait(None) };
     if !poll(&*link) {
-        return done_or(check(rx), Polled::Wait);
+        return done_or(check(rx), Polled::Wait(None));
     }
     if let Some(r) = check(rx) {
         return Polled::Done(r);
     }
-    let Some(deadline) = deadline.filter(|_| !p.spin.is_zero() && link.spins()) else { return Polled::Wait };
+    let Some(deadline) = deadline.filter(|_| !p.spin.is_zero() && link.spins()) else {
+        return Polled::Wait(Some(link));
+    };
     let end = *deadline.get_or_insert_with(|| Instant::now() + p.spin);
     if Instant::now() >= end {
-        return Polled::Wait;
+        return Polled::Wait(Some(link));
     }
     if (p.busy)() {
         return Polled::Yield;
     }
-    let _held = Held::new(&*link);
+    let spun = {
+        let _held = Held::new(&*link);
+        spin_link(p, &*link, rx, end, &mut poll)
+    };
+    match spun {
+        Spun::Done(r) => Polled::Done(r),
+        Spun::Yield => Polled::Yield,
+        Spun::Wait => Polled::Wait(Some(link)),
+        Spun::Ended => done_or(check(rx), Polled::Wait(None)),
+    }
+}
+
+/// How a receive's spin on its link ended ([`spin_link`]).
+enum Spun {
+    Done(std::result::Result<Result<Frame>, ()>),
+    Yield,
+    Wait,
+    /// The link ended.
+    Ended,
+}
+
+/// The spin of [`poll_link`], until `end`.
+fn spin_link(
+    p: &Progress,
+    link: &dyn PollLink,
+    rx: &mut oneshot::Receiver<Result<Frame>>,
+    end: Instant,
+    mut poll: impl FnMut(&dyn PollLink) -> bool,
+) -> Spun {
     // One `pause` per try (it lets the line the peer writes move without a pipeline
     // flush); the clock and the queued work only every 64 tries while the link's
     // polls are cheap (a ring's), so that a reply that comes sooner reads neither,
@@ -592,22 +656,24 @@ fn poll_link(
         } else {
             std::hint::spin_loop();
         }
-        if !poll(&*link) {
-            return done_or(check(rx), Polled::Wait);
+        if !poll(link) {
+            return Spun::Ended;
         }
-        if let Some(r) = check(rx) {
-            return Polled::Done(r);
+        match rx.try_recv() {
+            Ok(r) => return Spun::Done(Ok(r)),
+            Err(oneshot::error::TryRecvError::Closed) => return Spun::Done(Err(())),
+            Err(oneshot::error::TryRecvError::Empty) => {}
         }
         if !link.spin_more() {
-            return Polled::Wait;
+            return Spun::Wait;
         }
         if tries % batch == 0 {
             let now = Instant::now();
             if now >= end {
-                return Polled::Wait;
+                return Spun::Wait;
             }
             if (p.busy)() {
-                return Polled::Yield;
+                return Spun::Yield;
             }
             if now - since > CHEAP_POLLS {
                 batch = 1;
@@ -824,6 +890,7 @@ impl Mailbox {
             first: true,
             spin: true,
             spin_end: None,
+            parked_on: None,
         }
     }
 
@@ -858,6 +925,7 @@ impl Mailbox {
             first: true,
             spin: true,
             spin_end: None,
+            parked_on: None,
         };
         RecvFrameInto { frame, dst: Some(dst) }
     }

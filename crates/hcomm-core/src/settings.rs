@@ -440,7 +440,7 @@ pub const SHM_SPIN_US: Setting = s(
     Micros { max: u64::MAX },
     "200",
     Expert,
-    "How long an idle shared-memory reader or writer polls before it parks (off where ranks outnumber cores).",
+    "How long an idle shared-memory writer, or reader on a current-thread runtime, polls before it parks (off where ranks outnumber cores).",
 );
 pub const SHM_CMA: Setting = s(
     "HCOMM_SHM_CMA",

@@ -11,6 +11,7 @@
 //! - [`connect_mesh`]: the authenticated-by-job handshake and full-mesh connection
 //!   setup that the TCP transports start from.
 
+mod arm;
 pub mod bundle;
 mod connect;
 mod framing;

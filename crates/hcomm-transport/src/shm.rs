@@ -103,6 +103,7 @@ use hcomm_core::wire::{FrameKind, Header, MAX_MESSAGE, PAD, SHORT_LEN, SHORT_MAG
 use hcomm_core::{Error, ErrorKind, OpKind, Rank, Result};
 use parking_lot::Mutex;
 
+use crate::arm::{LINGER, ReadArm, Wait};
 use crate::framing::{Assembler, BOX_FIRST, BOX_LINE, BOX_MAGIC, BOX_MAX, Outgoing, box_header, box_len, box_payload};
 use crate::stream::{Links, WriteLink, unannounced_eof};
 
@@ -704,6 +705,9 @@ pub(crate) struct ShmInbox {
     out: Arc<ShmOut>,
     /// What the messages the peer lends need, if this process can read its memory.
     lender: Option<Arc<Lender>>,
+    /// When the peer's writes ring the doorbell ([`READER_WAITS`]; see
+    /// [`crate::arm`]).
+    arm: ReadArm,
 }
 
 /// A peer that lends messages to this process: where its memory is read, the ring it
@@ -1068,13 +1072,78 @@ impl hcomm_core::mailbox::PollLink for ShmInbox {
     fn poll(&self) -> bool {
         self.drain() != Drained::Ended
     }
+
+    fn hold(&self) {
+        self.arm.hold(|| self.disarm());
+    }
+
+    fn release(&self) {
+        self.arm.release(|| self.rearm());
+    }
+
+    fn parked(&self) {
+        self.arm.park_rx(|| self.rearm());
+    }
+
+    fn unparked(&self) {
+        self.arm.unpark_rx();
+    }
+}
+
+impl ShmInbox {
+    /// Asks the peer to ring the doorbell after its next write, and wakes the reader
+    /// task if bytes came before the ask was seen (the fence pairs with the writer's
+    /// in [`wakes`]: one of the two sides sees the other's store).
+    fn rearm(&self) {
+        self.ring.u32_at(READER_WAITS).store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.ring.readable() > 0 {
+            self.bell.data.notify_one();
+        }
+    }
+
+    fn disarm(&self) {
+        self.ring.u32_at(READER_WAITS).store(0, Ordering::Relaxed);
+    }
+
+    /// Waits until the ring has bytes or the link ends, as the reader task does once
+    /// it has read everything: spins for `spin` (see [`spin_until`]), then waits for
+    /// the doorbell, armed as [`crate::arm`] decides. `false` if the peer rings no
+    /// more while the ring stayed empty.
+    async fn wait_readable(&self, spin: Duration) -> bool {
+        let ready = || self.ring.readable() > 0 || self.ended();
+        loop {
+            if spin_until(spin, ready).await {
+                return true;
+            }
+            // Armed here, the ring's bytes are looked at below.
+            let how = self.arm.wait(|| self.ring.u32_at(READER_WAITS).store(1, Ordering::SeqCst));
+            fence(Ordering::SeqCst);
+            let r = if ready() {
+                Some(true)
+            } else if self.bell.quiet.load(Ordering::Acquire) {
+                Some(false)
+            } else {
+                match how {
+                    Wait::Armed => self.bell.data.notified().await,
+                    Wait::Timed => {
+                        let _ = tokio::time::timeout(LINGER, self.bell.data.notified()).await;
+                    }
+                }
+                None
+            };
+            self.arm.woke(|| self.disarm());
+            if let Some(r) = r {
+                return r;
+            }
+        }
+    }
 }
 
 /// The reader task of a shared-memory peer: drains the ring whenever it has data,
 /// spinning briefly and then parking on the doorbell in between, until the link ends.
 pub(crate) async fn read_task(inbox: Arc<ShmInbox>, spin: Duration) {
     inbox.links.heard_from(inbox.peer);
-    let waits = inbox.ring.u32_at(READER_WAITS);
     loop {
         match inbox.drain() {
             Drained::Ended => return,
@@ -1087,8 +1156,7 @@ pub(crate) async fn read_task(inbox: Arc<ShmInbox>, spin: Duration) {
             // task would spin without ever giving the executor back.
             Drained::Nothing if inbox.ring.readable() > 0 => tokio::task::yield_now().await,
             Drained::Nothing => {
-                let ready = || inbox.ring.readable() > 0 || inbox.ended();
-                if !wait_until(spin, waits, ready, &inbox.bell.data, &inbox.bell.quiet).await {
+                if !inbox.wait_readable(spin).await {
                     // The doorbell ended and the ring is empty: everything the peer
                     // wrote before it went is read. Without its close frame, it died.
                     if inbox.drain() != Drained::Ended {
@@ -1408,6 +1476,7 @@ pub(crate) fn split(
         ended: AtomicBool::new(false),
         out: out.clone(),
         lender,
+        arm: ReadArm::new(true),
     });
     Split { inbox, writer: ShmWrite { out: out.clone(), spin }, out, doorbell: Box::pin(doorbell) }
 }

@@ -896,7 +896,14 @@ impl StreamTransport {
                 PeerLink::Shm(pair, s) => {
                     let sp = t.shm_link(peer, pair, s, opts, &mut inboxes);
                     beats.push((peer, Beat::Shm(Arc::downgrade(&sp.out))));
-                    let r = tokio::spawn(crate::shm::read_task(sp.inbox, opts.shm.spin));
+                    // As over TCP (above): where receives spin on the ring themselves
+                    // on a multi-thread runtime, the reader does not spin beside them.
+                    let spin = if on_multi_thread_runtime() && !opts.recv_spin.is_zero() {
+                        Duration::ZERO
+                    } else {
+                        opts.shm.spin
+                    };
+                    let r = tokio::spawn(crate::shm::read_task(sp.inbox, spin));
                     let w = tokio::spawn(write_loop(sp.writer, rx, peer, t.shared.clone(), opts.fragment, heartbeat));
                     let b = tokio::spawn(sp.doorbell);
                     PeerTasks { readers: vec![r.abort_handle()], others: vec![w.abort_handle(), b.abort_handle()] }
@@ -1386,10 +1393,17 @@ impl Transport for StreamTransport {
 
     /// Over TCP, the frame waits in the peer's lazy list until the next write to
     /// that peer takes it along (a direct write in the same system call), or until
-    /// its writer task's delay (`LAZY_DELAY`) is over. To ourselves, and to peers
-    /// over shared memory or several connections, it is posted at once.
+    /// its writer task's delay (`LAZY_DELAY`) is over. Over shared memory it goes
+    /// into the ring in this call when the writer task holds nothing: handing it to
+    /// the writer task would wake that task for every collective, and make the
+    /// operation's own data wait behind it. To ourselves and to peers over several
+    /// connections, it is posted at once.
     fn post_lazy(&self, peer: Rank, mut header: Header, payload: &[u8]) {
-        if peer >= self.size || self.links[peer].is_none() || self.direct[peer].is_some() {
+        if self.direct.get(peer).is_some_and(Option::is_some) {
+            let _ = self.enqueue(peer, header, Bytes::copy_from_slice(payload), false, true);
+            return;
+        }
+        if peer >= self.size || self.links[peer].is_none() {
             return self.post(peer, header, Bytes::copy_from_slice(payload));
         }
         if self.mailbox.peer_failure(peer).is_some() {
@@ -2219,6 +2233,14 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
 
     fn release(&self) {
         self.sock.release();
+    }
+
+    fn parked(&self) {
+        self.sock.park_rx();
+    }
+
+    fn unparked(&self) {
+        self.sock.unpark_rx();
     }
 
     /// Not while the next bytes are another message's body: this receive cannot read

@@ -11,14 +11,15 @@
 //! So the socket is registered with the driver for writability only. For
 //! readability it sits in an epoll instance of its own, which the driver watches and
 //! in which the socket is armed (one-shot) only while the reader task waits and no
-//! receive holds the socket ([`TcpSock::hold`]).
+//! receive spins on the socket, as [`crate::arm`] decides.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use parking_lot::Mutex;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+
+use crate::arm::{LINGER, ReadArm, Wait};
 
 /// The events the socket is registered with while armed: one readiness report, then
 /// disarmed until armed again.
@@ -36,21 +37,13 @@ pub(crate) struct TcpSock {
     /// The epoll instance holding the socket for readability, registered with the
     /// driver for readability.
     epoll: AsyncFd<OwnedFd>,
-    arm: Mutex<Arm>,
-}
-
-/// Who reads the socket, which decides whether it is armed.
-#[derive(Debug, Default)]
-struct Arm {
-    /// Receives polling the socket right now.
-    holders: usize,
-    /// Whether the reader task waits for readiness.
-    waiting: bool,
+    /// When the socket is armed (see [`crate::arm`]).
+    arm: ReadArm,
 }
 
 impl std::fmt::Debug for TcpSock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpSock").field("fd", &self.stream.as_raw_fd()).field("arm", &*self.arm.lock()).finish()
+        f.debug_struct("TcpSock").field("fd", &self.stream.as_raw_fd()).field("arm", &self.arm).finish()
     }
 }
 
@@ -84,7 +77,7 @@ impl TcpSock {
                 AsyncFd::register_with_interest(epoll, Interest::READABLE)?,
             )
         };
-        Ok(TcpSock { stream, epoll, arm: Mutex::new(Arm::default()) })
+        Ok(TcpSock { stream, epoll, arm: ReadArm::new(false) })
     }
 
     /// Sets the socket's events in the epoll instance. An error here means the
@@ -100,43 +93,49 @@ impl TcpSock {
     /// A receive starts polling the socket itself: its bytes no longer wake the
     /// reader task (see the module docs). Undone by [`TcpSock::release`].
     pub(crate) fn hold(&self) {
-        let mut arm = self.arm.lock();
-        arm.holders += 1;
-        if arm.holders == 1 && arm.waiting {
-            self.set_events(DISARMED);
-        }
+        self.arm.hold(|| self.set_events(DISARMED));
     }
 
     /// Whether a receive polls the socket in a spin right now ([`TcpSock::hold`]).
     pub(crate) fn is_held(&self) -> bool {
-        self.arm.lock().holders > 0
+        self.arm.is_held()
     }
 
     /// The receive that called [`TcpSock::hold`] stopped polling the socket.
     pub(crate) fn release(&self) {
-        let mut arm = self.arm.lock();
-        arm.holders = arm.holders.saturating_sub(1);
-        if arm.holders == 0 && arm.waiting {
-            // Bytes already there are reported at once.
-            self.set_events(ARMED);
-        }
+        // Bytes already there are reported at once.
+        self.arm.release(|| self.set_events(ARMED));
+    }
+
+    /// A receive waits to be woken by the reader task; undone by
+    /// [`TcpSock::unpark_rx`].
+    pub(crate) fn park_rx(&self) {
+        self.arm.park_rx(|| self.set_events(ARMED));
+    }
+
+    /// A receive counted by [`TcpSock::park_rx`] waits no more.
+    pub(crate) fn unpark_rx(&self) {
+        self.arm.unpark_rx();
     }
 
     /// Waits until the socket has something to read (bytes, its end, or an error),
-    /// as the reader task does once it has read everything: the socket is armed for
-    /// one report, unless a receive holds it (which re-arms it when it lets go).
+    /// as the reader task does once it has read everything, with the socket armed
+    /// as [`crate::arm`] decides: unless it is armed, the wait ends after
+    /// [`LINGER`] without a report.
     ///
     /// # Errors
     /// The driver failed, or the epoll instance did.
-    #[allow(unsafe_code)]
     pub(crate) async fn readable(&self) -> std::io::Result<()> {
-        {
-            let mut arm = self.arm.lock();
-            arm.waiting = true;
-            if arm.holders == 0 {
-                self.set_events(ARMED);
-            }
+        let how = self.arm.wait(|| self.set_events(ARMED));
+        match how {
+            Wait::Armed => self.reported().await,
+            Wait::Timed => tokio::time::timeout(LINGER, self.reported()).await.unwrap_or(Ok(())),
         }
+    }
+
+    /// The wait of [`TcpSock::readable`], the socket armed or not.
+    #[allow(unsafe_code)]
+    async fn reported(&self) -> std::io::Result<()> {
         let mut done = WaitDone { sock: self, reported: false };
         loop {
             let mut guard = self.epoll.readable().await?;
@@ -230,10 +229,12 @@ struct WaitDone<'a> {
 
 impl Drop for WaitDone<'_> {
     fn drop(&mut self) {
-        let mut arm = self.sock.arm.lock();
-        arm.waiting = false;
-        if !self.reported && arm.holders == 0 {
-            self.sock.set_events(DISARMED);
-        }
+        // A report disarmed the one-shot registration already.
+        let reported = self.reported;
+        self.sock.arm.woke(|| {
+            if !reported {
+                self.sock.set_events(DISARMED);
+            }
+        });
     }
 }
