@@ -42,8 +42,11 @@ pub struct Group<T> {
     next_seq: AtomicU64,
     /// Shrinks called on this group so far.
     shrinks: AtomicU64,
-    timeout: Duration,
-    stall_warn: Option<Duration>,
+    /// The deadline of operations (saturated at [`hcomm_core::NEVER`]) and their
+    /// stall threshold, which change through a shared reference; an operation takes
+    /// them when it starts.
+    timeout: SharedDuration,
+    stall_warn: SharedDuration,
     tuning: Tuning,
     /// The algorithms chosen lately, by collective and size: see [`ChoiceMemo`].
     memo: Memos,
@@ -170,8 +173,8 @@ impl<T: LocalTransport> Group<T> {
             layout: Arc::new(Layout::flat(n)),
             next_seq: AtomicU64::new(FIRST_OP_SEQ),
             shrinks: AtomicU64::new(0),
-            timeout: hcomm_core::saturate(Some(timeout)),
-            stall_warn: Some(DEFAULT_STALL_WARN),
+            timeout: SharedDuration::new(Some(hcomm_core::saturate(Some(timeout)))),
+            stall_warn: SharedDuration::new(Some(DEFAULT_STALL_WARN)),
             tuning,
             memo: Memos::default(),
             checks: Checks::default(),
@@ -329,8 +332,9 @@ impl<T: LocalTransport> Group<T> {
     pub fn subgroup(&self, comm: u64, members: &[usize]) -> Option<Group<T>> {
         let me = members.iter().position(|&m| m == self.me)?;
         let world: Vec<Rank> = members.iter().map(|&m| self.members[m]).collect();
-        let mut g = Group::build(self.transport.clone(), comm, world, me, self.topology.subset(members), self.timeout);
-        g.stall_warn = self.stall_warn;
+        let mut g =
+            Group::build(self.transport.clone(), comm, world, me, self.topology.subset(members), self.deadline_now());
+        g.set_stall_warn(self.stall_warn());
         g.set_tuning(self.tuning.clone());
         Some(g)
     }
@@ -365,25 +369,32 @@ impl<T: LocalTransport> Group<T> {
 
     /// Default deadline of each operation; `None` for never.
     pub fn timeout(&self) -> Option<Duration> {
-        (self.timeout < hcomm_core::NEVER).then_some(self.timeout)
+        let t = self.deadline_now();
+        (t < hcomm_core::NEVER).then_some(t)
+    }
+
+    /// The deadline of an operation starting now, [`hcomm_core::NEVER`] for none.
+    fn deadline_now(&self) -> Duration {
+        self.timeout.get().unwrap_or(hcomm_core::NEVER)
     }
 
     /// Sets the deadline of operations started from now on: a duration, or `None`
-    /// for never (as is anything longer than [`hcomm_core::NEVER`]).
-    pub fn set_timeout(&mut self, timeout: impl Into<Option<Duration>>) {
-        self.timeout = hcomm_core::saturate(timeout.into());
+    /// for never (as is anything longer than [`hcomm_core::NEVER`]). Operations
+    /// already started keep theirs.
+    pub fn set_timeout(&self, timeout: impl Into<Option<Duration>>) {
+        self.timeout.set(Some(hcomm_core::saturate(timeout.into())));
     }
 
     /// After how long a waiting operation reports its stall (again after twice,
     /// four times … that long); `None` for never.
     pub fn stall_warn(&self) -> Option<Duration> {
-        self.stall_warn
+        self.stall_warn.get()
     }
 
     /// Sets the stall threshold of operations started from now on (`None`: no
     /// reports).
-    pub fn set_stall_warn(&mut self, after: Option<Duration>) {
-        self.stall_warn = after.filter(|&d| d < hcomm_core::NEVER);
+    pub fn set_stall_warn(&self, after: Option<Duration>) {
+        self.stall_warn.set(after.filter(|&d| d < hcomm_core::NEVER));
     }
 
     /// How this group chooses algorithms.
@@ -469,7 +480,7 @@ impl<T: LocalTransport> Group<T> {
     pub async fn shrink(&self) -> Result<Group<T>> {
         let round = self.shrinks.fetch_add(1, Ordering::Relaxed) + 1;
         let start = Instant::now();
-        let failed = crate::shrink::agree(self, round, start + self.timeout)
+        let failed = crate::shrink::agree(self, round, start + self.deadline_now())
             .await
             .map_err(|e| e.in_op(OpKind::Shrink, Some(round)).at_rank(self.me))?;
         let survivors: Vec<usize> = (0..self.size()).filter(|&r| !failed[r]).collect();
@@ -535,7 +546,16 @@ impl<T: LocalTransport> Group<T> {
     /// waits it reports its stall as collectives do ([`Group::stall_warn`], unless
     /// polled inside [`quiet`]).
     pub fn p2p_deadline<F>(&self, op: OpKind, peer: usize, tag: Tag, fut: F) -> P2pDeadline<F> {
-        P2pDeadline { fut, timer: None, timeout: self.timeout, stall_warn: self.stall_warn, op, peer, tag, me: self.me }
+        P2pDeadline {
+            fut,
+            timer: None,
+            timeout: self.deadline_now(),
+            stall_warn: self.stall_warn(),
+            op,
+            peer,
+            tag,
+            me: self.me,
+        }
     }
 }
 
@@ -715,6 +735,9 @@ pub struct OpCtx<'g, T: LocalTransport> {
     g: &'g Group<T>,
     seq: u64,
     sig: Signature,
+    /// The group's deadline and stall threshold when the operation began.
+    timeout: Duration,
+    stall_warn: Option<Duration>,
     /// When the operation started: at `begin` if its event is listened to, else when
     /// it first had to wait (an operation done in its first poll, as a broadcast's
     /// root, never reads the clock).
@@ -739,6 +762,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
             g,
             seq,
             sig,
+            timeout: g.deadline_now(),
+            stall_warn: g.stall_warn(),
             start,
             waiting: Mutex::new(BTreeMap::new()),
             moved: AtomicU64::new(0),
@@ -999,7 +1024,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         // such a root's time per operation. It is armed for the next stall
         // report (`warning`) or else for the deadline.
         let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
-        let mut warn_after = stall_warn_now(self.g.stall_warn);
+        let mut warn_after = stall_warn_now(self.stall_warn);
         let mut warning = false;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = body.as_mut().poll(cx) {
@@ -1008,7 +1033,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
             loop {
                 if timer.is_none() {
                     let start = self.started();
-                    let deadline = start + self.g.timeout;
+                    let deadline = start + self.timeout;
                     let warn_at = warn_after.map(|d| start + d).filter(|&t| t < deadline);
                     warning = warn_at.is_some();
                     timer.set(Some(tokio::time::sleep_until(warn_at.unwrap_or(deadline))));
@@ -1069,7 +1094,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
     }
 
     fn timeout_error(&self) -> Error {
-        Error::new(ErrorKind::Timeout, format!("not finished within {:?}: {}", self.g.timeout, self.stall_report()))
+        Error::new(ErrorKind::Timeout, format!("not finished within {:?}: {}", self.timeout, self.stall_report()))
     }
 
     /// Ends the operation. An error gets this operation's context and aborts the
@@ -1182,6 +1207,31 @@ fn sent<F: Future<Output = Result<()>>>(to: usize, fut: Result<F>) -> impl Futur
     match fut {
         Ok(f) => Either::Left(f.map_err(move |e| e.with_peer(to))),
         Err(e) => Either::Right(std::future::ready(Err(e))),
+    }
+}
+
+/// A duration set and read through a shared reference (`None` stored as `u64::MAX`
+/// nanoseconds; durations up to [`hcomm_core::NEVER`] fit).
+#[derive(Debug)]
+struct SharedDuration(AtomicU64);
+
+impl SharedDuration {
+    fn new(d: Option<Duration>) -> SharedDuration {
+        let s = SharedDuration(AtomicU64::new(u64::MAX));
+        s.set(d);
+        s
+    }
+
+    fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+
+    fn set(&self, d: Option<Duration>) {
+        let n = d.map_or(u64::MAX, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1).min(u64::MAX - 1));
+        self.0.store(n, Ordering::Relaxed);
     }
 }
 

@@ -169,8 +169,9 @@ impl<T: LocalTransport> Communicator<T> {
 
     /// Sets the deadline of operations called from now on: a duration, or `None`
     /// for never (as is anything longer than [`hcomm_core::NEVER`], about 34 years,
-    /// `Duration::MAX` included).
-    pub fn set_timeout(&mut self, timeout: impl Into<Option<Duration>>) {
+    /// `Duration::MAX` included). Operations already called keep theirs; a
+    /// communicator shared between tasks (in an `Arc`) can be changed by any of them.
+    pub fn set_timeout(&self, timeout: impl Into<Option<Duration>>) {
         self.group.set_timeout(timeout);
     }
 
@@ -182,8 +183,8 @@ impl<T: LocalTransport> Communicator<T> {
         self.group.stall_warn()
     }
 
-    /// Sets the stall threshold of operations called from now on.
-    pub fn set_stall_warn(&mut self, after: Option<Duration>) {
+    /// Sets the stall threshold of operations called from now on (`None`: never).
+    pub fn set_stall_warn(&self, after: Option<Duration>) {
         self.group.set_stall_warn(after);
     }
 

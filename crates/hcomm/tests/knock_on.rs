@@ -13,7 +13,7 @@ use hcomm::{Communicator, LocalTransport};
 const N: usize = 4;
 
 async fn chain<T: LocalTransport>(comms: Vec<Communicator<T>>, how: &str) {
-    let results = join_all(comms.into_iter().enumerate().map(|(r, mut c)| async move {
+    let results = join_all(comms.into_iter().enumerate().map(|(r, c)| async move {
         // Without the failure the receives would wait: fail with a timeout, not a hang.
         c.set_timeout(Duration::from_secs(20));
         if r == N - 1 {

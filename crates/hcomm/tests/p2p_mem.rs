@@ -37,7 +37,7 @@ async fn sends_are_queued_at_the_call() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn type_and_length_mismatches_are_errors() {
-    let mut comms = hcomm::local(2);
+    let comms = hcomm::local(2);
     comms[1].set_timeout(Duration::from_secs(5));
     comms[0].send(1, 1, &[1.0f32, 2.0]).await.unwrap();
     let e = comms[1].recv::<i32>(0, 1).await.unwrap_err();
@@ -59,7 +59,7 @@ async fn type_and_length_mismatches_are_errors() {
 #[tokio::test(flavor = "current_thread")]
 async fn recv_without_send_times_out_naming_the_peer() {
     tokio::time::pause();
-    let mut comms = hcomm::local(2);
+    let comms = hcomm::local(2);
     comms[0].set_timeout(Duration::from_secs(3));
     let e = comms[0].recv::<u8>(1, 0).await.unwrap_err();
     assert!(e.is_timeout(), "{e}");

@@ -60,7 +60,7 @@ fn no_report_below_the_threshold_or_when_turned_off() {
     let _guard = tracing::subscriber::set_default(sub);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let mut comms = hcomm::local(2);
+        let comms = hcomm::local(2);
         comms[0].set_stall_warn(None);
         comms[1].set_stall_warn(Some(Duration::from_secs(5)));
         let res = join_all(comms.iter().enumerate().map(|(r, c)| async move {
@@ -155,4 +155,37 @@ fn a_waiting_receive_reports_its_stall_unless_quiet() {
         assert!(r.contains("rank 0: recv from rank 1 (tag 9) stalled for"), "{r}");
         assert!(r.contains("no matching message has arrived"), "{r}");
     }
+}
+
+/// The deadline changes through a shared reference, from another task, for the
+/// operations called after the change; one already waiting keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_communicator_changes_its_deadline_for_later_operations() {
+    let comms: Vec<std::sync::Arc<_>> = hcomm::local(2).into_iter().map(std::sync::Arc::new).collect();
+    let c = comms[0].clone();
+    c.set_timeout(Duration::from_millis(200));
+    c.set_stall_warn(None);
+    assert_eq!(c.stall_warn(), None);
+    // Rank 1 never sends tag 7: the receive fails at the deadline it started with,
+    // although another task turned the deadline off meanwhile.
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move { c.recv::<u8>(1, 7).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let other = comms[0].clone();
+    tokio::spawn(async move { other.set_timeout(None) }).await.unwrap();
+    assert_eq!(c.timeout(), None);
+    let e = waiting.await.unwrap().expect_err("the first receive keeps its 200 ms deadline");
+    assert!(e.is_timeout(), "{e}");
+    // A receive called after the change has no deadline: it is still waiting well
+    // after 200 ms, and completes when the message comes.
+    let later = tokio::spawn({
+        let c = c.clone();
+        async move { c.recv::<u8>(1, 8).await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!later.is_finished(), "a receive without a deadline does not time out");
+    comms[1].send(0, 8, &[42u8]).await.unwrap();
+    assert_eq!(later.await.unwrap().unwrap(), vec![42u8]);
 }
