@@ -9,7 +9,8 @@
 //! while the reader task waits and is needed:
 //!
 //! - never while a receive spins on the link ([`ReadArm::hold`]);
-//! - at once while a receive waits to be woken ([`ReadArm::park_rx`]);
+//! - at once while a receive waits to be woken ([`ReadArm::park_rx`]), or when the
+//!   reader task has work that cannot wait (over TCP, bodies no receive reads);
 //! - otherwise, after receives completed recently, within [`LINGER`]: the next
 //!   receive most often follows within microseconds and reads the link itself, and
 //!   what nobody awaits (a heartbeat, a message posted early, a writer waiting for
@@ -29,12 +30,7 @@ pub(crate) const LINGER: Duration = Duration::from_millis(1);
 /// A link's arming state; the wake source itself is set through the closures each
 /// method takes, called under the lock so that arming and disarming stay in order.
 #[derive(Debug, Default)]
-pub(crate) struct ReadArm {
-    state: Mutex<State>,
-    /// Whether the source stays disarmed for a while after receives completed
-    /// ([`LINGER`]); if not, it is armed again as soon as no receive spins.
-    lingers: bool,
-}
+pub(crate) struct ReadArm(Mutex<State>);
 
 #[derive(Debug, Default)]
 struct State {
@@ -65,14 +61,9 @@ pub(crate) enum Wait {
 }
 
 impl ReadArm {
-    /// A link's state, the source disarmed; see [`ReadArm::lingers`].
-    pub(crate) fn new(lingers: bool) -> ReadArm {
-        ReadArm { state: Mutex::default(), lingers }
-    }
-
     /// A receive starts spinning on the link: the source is disarmed.
     pub(crate) fn hold(&self, disarm: impl FnOnce()) {
-        let mut s = self.state.lock();
+        let mut s = self.0.lock();
         s.holders += 1;
         s.held = true;
         if s.armed {
@@ -83,23 +74,24 @@ impl ReadArm {
 
     /// Whether a receive spins on the link now.
     pub(crate) fn is_held(&self) -> bool {
-        self.state.lock().holders > 0
+        self.0.lock().holders > 0
     }
 
     /// The receive that called [`ReadArm::hold`] stopped spinning. If it was the last
-    /// one, the source is armed at once where a receive is parked or the reader task
-    /// waits without a timeout; otherwise the reader task arms it when its timed wait
-    /// ends.
-    pub(crate) fn release(&self, arm: impl FnOnce()) {
-        let mut s = self.state.lock();
+    /// one, the source is armed at once where a receive is parked, the reader task
+    /// waits without a timeout, or the link may not linger now (`linger` false: the
+    /// reader task has work that cannot wait, such as bodies no receive reads);
+    /// otherwise the reader task arms it when its timed wait ends.
+    pub(crate) fn release(&self, linger: bool, arm: impl FnOnce()) {
+        let mut s = self.0.lock();
         s.holders = s.holders.saturating_sub(1);
         if s.holders > 0 {
             return;
         }
-        if s.waiting && !s.armed && (!s.timed || s.parked > 0) {
+        if s.waiting && !s.armed && (!s.timed || s.parked > 0 || !linger) {
             s.armed = true;
             arm();
-        } else if self.lingers {
+        } else if linger {
             s.linger = true;
         }
     }
@@ -107,7 +99,7 @@ impl ReadArm {
     /// A receive waits to be woken (undone by [`ReadArm::unpark_rx`]): the source
     /// is armed unless a receive spins on the link, which arms it when it stops.
     pub(crate) fn park_rx(&self, arm: impl FnOnce()) {
-        let mut s = self.state.lock();
+        let mut s = self.0.lock();
         s.parked += 1;
         if s.holders == 0 && s.waiting && !s.armed {
             s.armed = true;
@@ -118,7 +110,7 @@ impl ReadArm {
     /// A receive counted by [`ReadArm::park_rx`] was polled again, completed or
     /// went away.
     pub(crate) fn unpark_rx(&self) {
-        let mut s = self.state.lock();
+        let mut s = self.0.lock();
         s.parked = s.parked.saturating_sub(1);
     }
 
@@ -126,9 +118,9 @@ impl ReadArm {
     /// unless receives spin on the link or completed recently (and none is parked),
     /// and says how to wait. [`ReadArm::woke`] must follow the wait.
     pub(crate) fn wait(&self, arm: impl FnOnce()) -> Wait {
-        let mut s = self.state.lock();
+        let mut s = self.0.lock();
         s.waiting = true;
-        s.timed = self.lingers && (s.held || s.linger);
+        s.timed = s.held || s.linger;
         let arm_now = s.holders == 0 && (s.parked > 0 || !s.linger);
         s.held = false;
         s.linger = false;
@@ -141,7 +133,7 @@ impl ReadArm {
 
     /// The reader task's wait ended: the source is disarmed if it is still armed.
     pub(crate) fn woke(&self, disarm: impl FnOnce()) {
-        let mut s = self.state.lock();
+        let mut s = self.0.lock();
         s.waiting = false;
         s.timed = false;
         if s.armed {
@@ -170,14 +162,14 @@ mod tests {
 
     #[test]
     fn an_idle_reader_arms_and_a_spinning_receive_disarms() {
-        let (a, src) = (ReadArm::new(true), Source(Cell::new(false)));
+        let (a, src) = (ReadArm::default(), Source(Cell::new(false)));
         assert_eq!(a.wait(src.arm()), Wait::Armed);
         assert!(src.0.get());
         a.hold(src.disarm());
         assert!(!src.0.get());
         // The first release while the reader waits without a timeout arms at once:
         // nothing else would.
-        a.release(src.arm());
+        a.release(true, src.arm());
         assert!(src.0.get());
         a.woke(src.disarm());
         assert!(!src.0.get());
@@ -185,14 +177,14 @@ mod tests {
 
     #[test]
     fn after_recent_receives_the_reader_waits_timed_and_arms_once_they_stop() {
-        let (a, src) = (ReadArm::new(true), Source(Cell::new(false)));
+        let (a, src) = (ReadArm::default(), Source(Cell::new(false)));
         a.hold(src.disarm());
-        a.release(src.arm());
+        a.release(true, src.arm());
         // The reader ran meanwhile: a receive completed, so it waits timed, unarmed.
         assert_eq!(a.wait(src.arm()), Wait::Timed);
         assert!(!src.0.get());
         a.hold(src.disarm());
-        a.release(src.arm());
+        a.release(true, src.arm());
         assert!(!src.0.get(), "a completed receive leaves a timed reader unarmed");
         a.woke(src.disarm());
         // The period saw a receive: timed again, still unarmed (one completed).
@@ -206,15 +198,15 @@ mod tests {
 
     #[test]
     fn a_parked_receive_arms_at_once_and_when_the_last_holder_stops() {
-        let (a, src) = (ReadArm::new(true), Source(Cell::new(false)));
+        let (a, src) = (ReadArm::default(), Source(Cell::new(false)));
         a.hold(src.disarm());
-        a.release(src.arm());
+        a.release(true, src.arm());
         assert_eq!(a.wait(src.arm()), Wait::Timed);
         a.park_rx(src.arm());
         assert!(src.0.get(), "a parked receive needs the wake-up");
         a.hold(src.disarm());
         assert!(!src.0.get());
-        a.release(src.arm());
+        a.release(true, src.arm());
         assert!(src.0.get(), "the parked receive still waits");
         a.unpark_rx();
         a.woke(src.disarm());
@@ -227,15 +219,13 @@ mod tests {
     }
 
     #[test]
-    fn without_lingering_the_source_is_armed_whenever_no_receive_spins() {
-        let (a, src) = (ReadArm::new(false), Source(Cell::new(false)));
+    fn a_release_that_may_not_linger_arms_a_timed_reader_at_once() {
+        let (a, src) = (ReadArm::default(), Source(Cell::new(false)));
         a.hold(src.disarm());
-        a.release(src.arm());
-        assert_eq!(a.wait(src.arm()), Wait::Armed);
-        assert!(src.0.get());
+        a.release(true, src.arm());
+        assert_eq!(a.wait(src.arm()), Wait::Timed);
         a.hold(src.disarm());
-        assert!(!src.0.get());
-        a.release(src.arm());
-        assert!(src.0.get());
+        a.release(false, src.arm());
+        assert!(src.0.get(), "the reader has work that cannot wait for its timer");
     }
 }

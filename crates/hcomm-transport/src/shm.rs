@@ -1078,7 +1078,7 @@ impl hcomm_core::mailbox::PollLink for ShmInbox {
     }
 
     fn release(&self) {
-        self.arm.release(|| self.rearm());
+        self.arm.release(true, || self.rearm());
     }
 
     fn parked(&self) {
@@ -1476,7 +1476,7 @@ pub(crate) fn split(
         ended: AtomicBool::new(false),
         out: out.clone(),
         lender,
-        arm: ReadArm::new(true),
+        arm: ReadArm::default(),
     });
     Split { inbox, writer: ShmWrite { out: out.clone(), spin }, out, doorbell: Box::pin(doorbell) }
 }

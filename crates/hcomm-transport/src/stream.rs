@@ -2231,8 +2231,10 @@ impl hcomm_core::mailbox::PollLink for TcpInbox {
         self.sock.hold();
     }
 
+    /// The socket lingers unarmed only while the reader task has nothing to read
+    /// for the receives: bodies they do not read would otherwise wait for its timer.
     fn release(&self) {
-        self.sock.release();
+        self.sock.release(!self.blocked_by_reader.load(Ordering::Relaxed));
     }
 
     fn parked(&self) {

@@ -77,7 +77,7 @@ impl TcpSock {
                 AsyncFd::register_with_interest(epoll, Interest::READABLE)?,
             )
         };
-        Ok(TcpSock { stream, epoll, arm: ReadArm::new(false) })
+        Ok(TcpSock { stream, epoll, arm: ReadArm::default() })
     }
 
     /// Sets the socket's events in the epoll instance. An error here means the
@@ -101,10 +101,11 @@ impl TcpSock {
         self.arm.is_held()
     }
 
-    /// The receive that called [`TcpSock::hold`] stopped polling the socket.
-    pub(crate) fn release(&self) {
+    /// The receive that called [`TcpSock::hold`] stopped polling the socket; unless
+    /// `linger`, the socket is armed at once if the reader task waits.
+    pub(crate) fn release(&self, linger: bool) {
         // Bytes already there are reported at once.
-        self.arm.release(|| self.set_events(ARMED));
+        self.arm.release(linger, || self.set_events(ARMED));
     }
 
     /// A receive waits to be woken by the reader task; undone by
