@@ -83,7 +83,10 @@ impl<T: LocalTransport> Communicator<T> {
     /// its last operation can cut off data still on its way to a slower peer: a
     /// socket closed with unread bytes is reset, and the kernel drops what it had not
     /// sent yet. Every rank calls it on its world communicator, after every
-    /// communicator split from it is done.
+    /// communicator split from it is done. It takes `&self`, so a communicator
+    /// shared between tasks (in an `Arc`) can be finalized by any of them; every
+    /// operation called afterwards, from any clone, fails at once with a closed or
+    /// peer-failed error, and a second call returns at once.
     ///
     /// # Errors
     /// A mismatch error that the argument checks of the last rooted collectives found
@@ -92,9 +95,9 @@ impl<T: LocalTransport> Communicator<T> {
     /// are closed all the same.
     ///
     /// # Cancel safety
-    /// Dropping the future closes the connections at once, as dropping the
-    /// communicator does.
-    pub async fn finalize(self) -> Result<()> {
+    /// Dropping the future stops the wait; the part of the shutdown it reached (close
+    /// frames queued, readers stopped) stays done. Calling it again finishes it.
+    pub async fn finalize(&self) -> Result<()> {
         let deadline = self.timeout().map_or(FINALIZE_MOST, |t| t.min(FINALIZE_MOST));
         let start = tokio::time::Instant::now();
         // The last rooted collectives' argument checks first (`ArgCheck::Deferred`):

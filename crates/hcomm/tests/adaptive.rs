@@ -171,7 +171,7 @@ async fn over_tcp() {
         let count = COUNTS_64K[k % COUNTS_64K.len()];
         check_allreduce::<_, f32>(&comms, count, ReduceOp::Sum, k as u64).await;
     }
-    for r in join_all(comms.into_iter().map(Communicator::finalize)).await {
+    for r in join_all(comms.iter().map(Communicator::finalize)).await {
         r.unwrap();
     }
 }

@@ -84,7 +84,7 @@ async fn finalize_names_a_peer_that_never_finalizes() {
         c.set_timeout(Duration::from_millis(500));
     }
     let t = Instant::now();
-    let res = futures::future::join_all(comms.into_iter().map(|c| c.finalize())).await;
+    let res = futures::future::join_all(comms.iter().map(|c| c.finalize())).await;
     assert!(t.elapsed() < Duration::from_secs(5), "finalize overran its deadline: {:?}", t.elapsed());
     for e in res {
         let e = e.unwrap_err();

@@ -105,7 +105,7 @@ async fn a_broken_link_loses_nothing() {
         let s1 = comms[1].transport().link_stats(0).unwrap();
         assert_eq!(s1.alive, 1, "{s1:?}");
         check_allreduce::<StreamTransport, i32>(&comms, 100_003, ReduceOp::Sum, 7).await;
-        for res in join_all(comms.into_iter().map(Communicator::finalize)).await {
+        for res in join_all(comms.iter().map(Communicator::finalize)).await {
             res.unwrap();
         }
         println!("link 0 broken after {after:?}: rank 0 moved {} bytes in {} failovers", s0.resent_bytes, s0.failovers);

@@ -47,7 +47,7 @@ fn point_to_point_sizes() {
         assert!(s.eager_sent > 0 && s.rendezvous_sent > 0, "{s:?}");
         assert!(s.zero_copy_sent > 0, "typed sends of large payloads go without a copy: {s:?}");
         assert!(s.copied_bytes > 0, "plain Bytes are copied into registered memory: {s:?}");
-        for r in futures::future::join_all(comms.into_iter().map(Communicator::finalize)).await {
+        for r in futures::future::join_all(comms.iter().map(Communicator::finalize)).await {
             r.unwrap();
         }
     });
@@ -79,7 +79,7 @@ fn dropped_futures_leave_application_memory_alone() {
         let got: Vec<u32> = comms[1].recv(0, 9).await.unwrap();
         assert!(got == data, "the message of the dropped send arrived intact");
         assert!(buf.iter().all(|&x| x == 7), "the dropped receive's buffer was not written");
-        for r in futures::future::join_all(comms.into_iter().map(Communicator::finalize)).await {
+        for r in futures::future::join_all(comms.iter().map(Communicator::finalize)).await {
             r.unwrap();
         }
     });
@@ -106,7 +106,7 @@ fn collectives_2_and_4_ranks() {
                 colls::all_to_all::<_, i16>(&comms, count, seed).await;
                 println!("{n} ranks, {count} elements: {:?}", t.elapsed());
             }
-            for r in futures::future::join_all(comms.into_iter().map(Communicator::finalize)).await {
+            for r in futures::future::join_all(comms.iter().map(Communicator::finalize)).await {
                 r.unwrap();
             }
         }

@@ -231,7 +231,7 @@ async fn awaited_sends_go_directly_or_eagerly_and_a_window_is_gathered() {
         sent.unwrap();
         // Only a pause of over 2 µs between making two of them writes another directly.
         assert!(window <= 5, "{window} of a window of {count} written directly");
-        futures::future::try_join_all(comms.into_iter().map(|c| c.finalize())).await.unwrap();
+        futures::future::try_join_all(comms.iter().map(|c| c.finalize())).await.unwrap();
     }
 }
 

@@ -36,7 +36,7 @@ async fn tcp_under_tls() {
         let comms = hcomm::local_tcp_with(n, |c| c.tls = true).await.unwrap();
         assert_encrypted(&comms);
         suite(&comms).await;
-        for r in futures::future::join_all(comms.into_iter().map(Communicator::finalize)).await {
+        for r in futures::future::join_all(comms.iter().map(Communicator::finalize)).await {
             r.unwrap();
         }
     }
