@@ -584,6 +584,26 @@ pub fn abort_comm<T: LocalTransport + ?Sized>(
 thread_local! {
     /// Whether this thread is polling inside [`quiet`].
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The deadline of the [`deadline`] this thread is polling inside, if any
+    /// ([`hcomm_core::NEVER`] for none).
+    static DEADLINE: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// Sets a thread-local for the duration of a poll, and puts the old value back after
+/// it, however the poll ends.
+fn poll_with<T: Copy + 'static, R>(
+    key: &'static std::thread::LocalKey<std::cell::Cell<T>>,
+    value: T,
+    poll: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<T>>, T);
+    impl<T: Copy + 'static> Drop for Restore<T> {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(key, key.with(|c| c.replace(value)));
+    poll()
 }
 
 pin_project_lite::pin_project! {
@@ -599,14 +619,7 @@ impl<F: Future> Future for Quiet<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
-        struct Restore(bool);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                QUIET.with(|q| q.set(self.0));
-            }
-        }
-        let _restore = Restore(QUIET.with(|q| q.replace(true)));
-        self.project().fut.poll(cx)
+        poll_with(&QUIET, true, || self.project().fut.poll(cx))
     }
 }
 
@@ -616,6 +629,41 @@ impl<F: Future> Future for Quiet<F> {
 /// The operations started in `fut` take this from their first wait.
 pub fn quiet<F: Future>(fut: F) -> Quiet<F> {
     Quiet { fut }
+}
+
+pin_project_lite::pin_project! {
+    /// The future [`deadline`] returns.
+    #[derive(Debug)]
+    pub struct Deadline<F> {
+        #[pin]
+        fut: F,
+        timeout: Duration,
+    }
+}
+
+impl<F: Future> Future for Deadline<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        poll_with(&DEADLINE, Some(*this.timeout), || this.fut.poll(cx))
+    }
+}
+
+/// Runs `fut` (an operation, or a future that awaits several) with `timeout` as the
+/// deadline of the operations in it, in place of their communicator's: a duration
+/// counted from each operation's call, or `None` for never. As with [`quiet`], an
+/// operation takes it at its first wait; one done in its first poll never waits.
+/// An operation that misses it fails with a timeout error naming it, and is
+/// aborted on every rank, as at its communicator's deadline.
+pub fn deadline<F: Future>(timeout: impl Into<Option<Duration>>, fut: F) -> Deadline<F> {
+    Deadline { fut, timeout: hcomm_core::saturate(timeout.into()) }
+}
+
+/// The deadline of an operation that starts waiting now: `configured`, unless
+/// polled inside [`deadline`].
+fn timeout_now(configured: Duration) -> Duration {
+    DEADLINE.with(std::cell::Cell::get).unwrap_or(configured)
 }
 
 /// The stall threshold of an operation that starts waiting now: `configured`, unless
@@ -677,6 +725,9 @@ impl<F: Future<Output = Result<R>>, R> Future for P2pDeadline<F> {
         let (op, me) = (*this.op, *this.me);
         if let Poll::Ready(r) = this.fut.poll(cx) {
             return Poll::Ready(r.map_err(|e| e.in_op(op, None).at_rank(me)));
+        }
+        if this.timer.is_none() {
+            *this.timeout = timeout_now(*this.timeout);
         }
         let timeout = *this.timeout;
         let timer = this.timer.get_or_insert_with(|| {
@@ -1025,6 +1076,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         // report (`warning`) or else for the deadline.
         let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
         let mut warn_after = stall_warn_now(self.stall_warn);
+        let mut timeout = self.timeout;
         let mut warning = false;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = body.as_mut().poll(cx) {
@@ -1033,7 +1085,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
             loop {
                 if timer.is_none() {
                     let start = self.started();
-                    let deadline = start + self.timeout;
+                    timeout = timeout_now(timeout);
+                    let deadline = start + timeout;
                     let warn_at = warn_after.map(|d| start + d).filter(|&t| t < deadline);
                     warning = warn_at.is_some();
                     timer.set(Some(tokio::time::sleep_until(warn_at.unwrap_or(deadline))));
@@ -1043,7 +1096,7 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
                     return Poll::Pending;
                 }
                 if !warning {
-                    return Poll::Ready(Err(self.timeout_error()));
+                    return Poll::Ready(Err(self.timeout_error(timeout)));
                 }
                 self.report_stall();
                 warn_after = warn_after.map(|d| d.saturating_mul(2));
@@ -1093,8 +1146,8 @@ impl<'g, T: LocalTransport> OpCtx<'g, T> {
         }
     }
 
-    fn timeout_error(&self) -> Error {
-        Error::new(ErrorKind::Timeout, format!("not finished within {:?}: {}", self.timeout, self.stall_report()))
+    fn timeout_error(&self, timeout: Duration) -> Error {
+        Error::new(ErrorKind::Timeout, format!("not finished within {timeout:?}: {}", self.stall_report()))
     }
 
     /// Ends the operation. An error gets this operation's context and aborts the

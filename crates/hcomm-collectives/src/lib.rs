@@ -79,7 +79,9 @@ pub use exchange::{
     AllgatherAlgo, AlltoallAlgo, ReduceScatterAlgo, allgather, allgatherv, bruck_alltoall, pairwise_alltoallv,
     reduce_scatter, reduce_scatter_signature,
 };
-pub use group::{AlgoPlan, DEFAULT_STALL_WARN, Group, OpCtx, P2pDeadline, Quiet, Unstarted, abort_comm, quiet};
+pub use group::{
+    AlgoPlan, DEFAULT_STALL_WARN, Deadline, Group, OpCtx, P2pDeadline, Quiet, Unstarted, abort_comm, deadline, quiet,
+};
 pub use rooted::{BcastAlgo, broadcast, gatherv, reduce, rooted_signature, scatterv, v_signature};
 pub use scan::scan;
 

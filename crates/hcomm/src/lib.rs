@@ -55,8 +55,8 @@ pub use bootstrap::{Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, local_plac
 pub use bytes::Bytes;
 pub use comm::Communicator;
 pub use hcomm_collectives::{
-    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, ArgCheck, BcastAlgo, CostModel, Crowded, Measured, Quiet,
-    ReduceScatterAlgo, Tuning, quiet,
+    AllgatherAlgo, AllreduceAlgo, AlltoallAlgo, ArgCheck, BcastAlgo, CostModel, Crowded, Deadline, Measured, Quiet,
+    ReduceScatterAlgo, Tuning, deadline, quiet,
 };
 pub use hcomm_core::keys::RESERVED_TAGS;
 pub use hcomm_core::settings;

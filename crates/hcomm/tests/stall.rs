@@ -189,3 +189,34 @@ async fn a_shared_communicator_changes_its_deadline_for_later_operations() {
     comms[1].send(0, 8, &[42u8]).await.unwrap();
     assert_eq!(later.await.unwrap().unwrap(), vec![42u8]);
 }
+
+/// A deadline for one call (`hcomm::deadline`) overrides the communicator's, for
+/// point-to-point operations and collectives alike: shorter, or none at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_for_one_call_overrides_the_communicators() {
+    let comms: Vec<std::sync::Arc<_>> = hcomm::local(2).into_iter().map(std::sync::Arc::new).collect();
+    for c in &comms {
+        c.set_stall_warn(None);
+    }
+    let c = comms[0].clone();
+    // Shorter than the communicator's 300 s: a receive and an allreduce rank 1 never
+    // joins fail with a timeout error naming the operation.
+    let e = hcomm::deadline(Duration::from_millis(100), c.recv::<u8>(1, 7)).await.expect_err("the receive times out");
+    assert!(e.is_timeout() && e.op() == Some(hcomm::OpKind::Recv), "{e}");
+    let mut v = vec![1.0f32; 3];
+    let e = hcomm::deadline(Duration::from_millis(100), c.all_reduce(&mut v, ReduceOp::Sum))
+        .await
+        .expect_err("the allreduce times out");
+    assert!(e.is_timeout() && e.op() == Some(hcomm::OpKind::AllReduce), "{e}");
+    // None where the communicator has a short deadline: the receive outlives it and
+    // completes when the message comes.
+    c.set_timeout(Duration::from_millis(100));
+    let later = tokio::spawn({
+        let c = c.clone();
+        async move { hcomm::deadline(None, c.recv::<u8>(1, 8)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!later.is_finished(), "a receive without a deadline does not time out");
+    comms[1].send(0, 8, &[9u8]).await.unwrap();
+    assert_eq!(later.await.unwrap().unwrap(), vec![9u8]);
+}
