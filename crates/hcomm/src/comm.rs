@@ -39,6 +39,10 @@ pub(crate) struct Keep {
 ///
 /// Generic over the transport: [`StreamTransport`] (TCP over tokio or io_uring,
 /// the default) from [`crate::init`], `MemTransport` from [`crate::local`].
+/// Generic code whose futures must be `Send` (to go to `tokio::spawn`) bounds the
+/// transport with `T: hcomm::Transport + Sync` (the `Send` variant of
+/// [`LocalTransport`], which every transport of this crate implements); with
+/// `LocalTransport` alone, the futures are not known to be `Send`.
 #[derive(Debug)]
 pub struct Communicator<T: LocalTransport = StreamTransport> {
     pub(crate) group: Group<T>,

@@ -15,6 +15,43 @@ fn futures_over_tcp_are_send(c: &Communicator<StreamTransport>, buf: &mut [f32],
     assert_send(&c.all_gather(&[1.0f32], out));
 }
 
+/// The bound generic code names for `Send` futures: `T: hcomm::Transport + Sync`
+/// (the `Send` variant of `LocalTransport`), with `E: Element` as usual. Every
+/// transport of this crate meets it; this does not compile if an operation's future
+/// stops being `Send` for such a `T`.
+#[allow(dead_code)]
+fn futures_over_any_send_transport_are_send<T: hcomm::Transport + Sync>(
+    c: &Communicator<T>,
+    buf: &mut [f32],
+    out: &mut [f32],
+    bytes: hcomm::Bytes,
+) {
+    assert_send(&c.all_reduce(buf, ReduceOp::Sum));
+    assert_send(&c.broadcast(buf, 0));
+    assert_send(&c.reduce(buf, ReduceOp::Max, 0));
+    assert_send(&c.all_gather(&[1.0f32], out));
+    assert_send(&c.reduce_scatter(&[1.0f32, 2.0], out, ReduceOp::Sum));
+    assert_send(&c.all_to_all(&[1.0f32, 2.0], out));
+    assert_send(&c.barrier());
+    assert_send(&c.send(0, 1, &[1u8]));
+    assert_send(&c.send_bytes(0, 1, bytes));
+    assert_send(&c.recv::<f64>(0, 1));
+    assert_send(&c.recv_bytes(0, 1));
+    assert_send(&c.recv_into(0, 1, out));
+    assert_send(&c.split(Some(0), 0));
+    assert_send(&c.settle_checks());
+    assert_send(&c.finalize());
+    assert_send(&hcomm::deadline(None, c.barrier()));
+    assert_send(&hcomm::quiet(c.barrier()));
+}
+
+#[allow(dead_code)]
+fn any_send_transport_passes_the_bound() {
+    fn bound<T: hcomm::Transport + Sync>() {}
+    bound::<StreamTransport>();
+    bound::<hcomm::MemTransport>();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawned_allreduce_over_tcp() {
     let comms = hcomm::local_tcp(3).await.unwrap();
