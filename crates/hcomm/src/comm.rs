@@ -944,6 +944,55 @@ impl<T: LocalTransport> Communicator<T> {
         }
     }
 
+    /// [`Communicator::broadcast`] on an owned buffer, for a future that must be
+    /// `'static` (to hand to `tokio::spawn`): the buffer comes back with the root's
+    /// data. Numbered when this method is called, like every collective, so spawned
+    /// tasks may start in any order. The library owns the buffer while the future
+    /// lives: a leaked future leaks it, and nothing else is ever read or written.
+    ///
+    /// # Errors
+    /// As [`Communicator::broadcast`].
+    ///
+    /// # Cancel safety
+    /// As [`Communicator::broadcast`]; the buffer is dropped with the future. A
+    /// future dropped before it was first polled aborts the operation on every rank
+    /// too.
+    pub fn broadcast_owned<E: Element>(
+        self: &Arc<Self>,
+        mut buf: Vec<E>,
+        root: usize,
+    ) -> impl Future<Output = Result<Vec<E>>> + 'static
+    where
+        T: 'static,
+    {
+        let plan = self.group.plan(std::mem::size_of_val(&buf[..]), false, None);
+        let count = buf.len() as u64;
+        let sig_for =
+            move |algo: coll::BcastAlgo| coll::rooted_signature::<E>(OpKind::Broadcast, count, None, root, algo as u8);
+        let first = match &plan {
+            coll::AlgoPlan::Now(algo) => *algo,
+            coll::AlgoPlan::Adaptive(ticket) => ticket.first(),
+        };
+        let ticket = Reserved { comm: self.clone(), seq: self.group.reserve(), sig: Some(sig_for(first)) };
+        async move {
+            let mut ticket = ticket;
+            let sig = ticket.sig.take().expect("a ticket starts once");
+            let group = &ticket.comm.group;
+            match plan {
+                coll::AlgoPlan::Adaptive(adapt) => {
+                    let op = group.unstarted(ticket.seq, sig);
+                    let b: &mut [E] = &mut buf;
+                    adaptive(op, adapt, sig_for, move |ctx, algo| traced_broadcast(ctx, b, root, algo))
+                        .await
+                        .map(|()| buf)
+                }
+                coll::AlgoPlan::Now(algo) => {
+                    traced_broadcast(group.begin_reserved(ticket.seq, sig), &mut buf, root, algo).await.map(|()| buf)
+                }
+            }
+        }
+    }
+
     /// [`Communicator::broadcast`] with a chosen algorithm.
     ///
     /// # Errors

@@ -74,6 +74,7 @@ async fn spawned_allreduce_over_tcp() {
 fn owned_allreduce_is_send_and_static(c: &std::sync::Arc<Communicator<StreamTransport>>) {
     fn assert_static_send<F: std::future::Future + Send + 'static>(_: &F) {}
     assert_static_send(&c.all_reduce_owned(vec![1.0f32], ReduceOp::Sum));
+    assert_static_send(&c.broadcast_owned(vec![1.0f32], 0));
 }
 
 /// Owned allreduces are numbered when called: tasks that start in another order (here
@@ -123,4 +124,64 @@ async fn dropped_unstarted_owned_allreduce_aborts_on_peers() {
         comms[1].all_reduce_owned(vec![2i32; 4], ReduceOp::Sum)
     );
     assert_eq!((a.unwrap(), b.unwrap()), (vec![3; 4], vec![3; 4]));
+}
+
+/// Owned broadcasts from every root, numbered at the call and spawned in reverse on
+/// odd ranks, over every transport: each rank gets the root's random data, at sizes
+/// from empty to several fragments.
+async fn spawned_owned_broadcasts<T: hcomm::Transport + Sync + 'static>(comms: Vec<Communicator<T>>) {
+    const SIZES: [usize; 7] = [0, 1, 2, 13, 4099, 65_537, 300_007];
+    let n = comms.len();
+    let data = |k: usize| -> Vec<u32> {
+        let mut x = (k as u32).wrapping_mul(2_654_435_761) | 1;
+        (0..SIZES[k % SIZES.len()])
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x
+            })
+            .collect()
+    };
+    let ops = 3 * SIZES.len();
+    let comms: Vec<_> = comms.into_iter().map(std::sync::Arc::new).collect();
+    let per_rank = comms.iter().map(|c| {
+        let futs: Vec<_> = (0..ops)
+            .map(|k| {
+                let root = k % n;
+                let buf = if c.rank() == root { data(k) } else { vec![u32::MAX; SIZES[k % SIZES.len()]] };
+                c.broadcast_owned(buf, root)
+            })
+            .collect();
+        let odd = c.rank() % 2 == 1;
+        async move {
+            let mut handles: Vec<_> = if odd {
+                futs.into_iter().rev().map(tokio::spawn).collect()
+            } else {
+                futs.into_iter().map(tokio::spawn).collect()
+            };
+            if odd {
+                handles.reverse();
+            }
+            let mut out = Vec::new();
+            for h in handles {
+                out.push(h.await.unwrap().unwrap());
+            }
+            out
+        }
+    });
+    for (r, out) in futures::future::join_all(per_rank).await.into_iter().enumerate() {
+        for (k, v) in out.iter().enumerate() {
+            assert!(*v == data(k), "rank {r}, broadcast {k} ({} elements)", v.len());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawned_owned_broadcasts_get_the_roots_data_over_every_transport() {
+    for n in [1, 2, 3, 4] {
+        spawned_owned_broadcasts(hcomm::local(n)).await;
+    }
+    spawned_owned_broadcasts(hcomm::local_tcp(3).await.unwrap()).await;
+    spawned_owned_broadcasts(hcomm::local_shm(3).await.unwrap()).await;
 }
