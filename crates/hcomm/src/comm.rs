@@ -1314,9 +1314,7 @@ impl<T: LocalTransport> Communicator<T> {
         };
         let mut sig = coll::v_signature::<E>(OpKind::AllGatherV, counts, None, None);
         sig.algo = algo as u8;
-        let ctx = self.group.begin(sig);
-        let span = tracing::debug_span!("allgatherv", seq = ctx.seq(), dtype = %E::DTYPE, algo = algo.name());
-        coll::allgatherv(ctx, send, recv, counts, algo).instrument(span)
+        traced_allgatherv(self.group.begin(sig), send, recv, counts, algo)
     }
 
     /// Inclusive prefix reduction: rank `r`'s `buf` becomes `x_0 op … op x_r`
@@ -1447,7 +1445,18 @@ fn traced_all_reduce<'a, T: LocalTransport, E: Element>(
 }
 
 /// The allgather of `ctx` by `algo`, in its `tracing` span.
-fn traced_all_gather<'a, T: LocalTransport, E: Element>(
+pub(crate) fn traced_allgatherv<'a, T: LocalTransport, E: Element>(
+    ctx: coll::OpCtx<'a, T>,
+    send: &'a [E],
+    recv: &'a mut [E],
+    counts: &'a [usize],
+    algo: coll::AllgatherAlgo,
+) -> impl Future<Output = Result<()>> + 'a {
+    let span = tracing::debug_span!("allgatherv", seq = ctx.seq(), dtype = %E::DTYPE, algo = algo.name());
+    coll::allgatherv(ctx, send, recv, counts, algo).instrument(span)
+}
+
+pub(crate) fn traced_all_gather<'a, T: LocalTransport, E: Element>(
     ctx: coll::OpCtx<'a, T>,
     send: &'a [E],
     recv: &'a mut [E],
@@ -1473,7 +1482,7 @@ fn traced_reduce_scatter<'a, T: LocalTransport, E: Element>(
 }
 
 /// The broadcast of `ctx` from `root` by `algo`, in its `tracing` span.
-fn traced_broadcast<'a, T: LocalTransport, E: Element>(
+pub(crate) fn traced_broadcast<'a, T: LocalTransport, E: Element>(
     ctx: coll::OpCtx<'a, T>,
     buf: &'a mut [E],
     root: usize,

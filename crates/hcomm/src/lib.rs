@@ -45,6 +45,7 @@ mod bootstrap;
 mod comm;
 pub mod env;
 pub mod ifname;
+mod object;
 pub mod stats;
 pub mod store;
 mod tune;
